@@ -1,0 +1,139 @@
+// flashgrad: exact, memory-efficient attention with a fused backward, on CPUs.
+//
+// For every batch b and query head h (key/value head h / (heads_q / heads_kv)):
+//
+//   S[i, j]  = scale * q[b, i, h, :] . k[b, j, hk, :]
+//   S        = softcap * tanh(S / softcap)                    (if softcap > 0)
+//   S[i, j] += -alibi[h] * |i + seqlen_k - seqlen_q - j|      (if alibi_slopes)
+//   S[i, j] += bias[b, h, i, j]                               (if bias)
+//   S[i, j]  = -inf where masked: causal, window, mask == 0
+//   lse[i]   = log(sum_j exp(S[i, j]) + exp(sinks[h]))        (sink term only if sinks)
+//   P[i, j]  = exp(S[i, j] - lse[i])
+//   out[i]   = sum_j dropout(P[i, j]) * v[b, j, hk, :]
+//
+// Causal and window are aligned bottom-right, as in flash-attn >= 2.1: query i
+// sits at key position i' = i + seqlen_k - seqlen_q and sees keys j with
+//   i' - window_left <= j <= i' + window_right   (a bound of -1 is unbounded)
+// and, if causal, j <= i'.
+//
+// Dropout keeps P[i, j] with probability 1 - p and scales it by 1 / (1 - p).
+// The keep decision is a counter-based random function of
+// (seed, offset, b, h, i, j), so backward regenerates it without storing it.
+//
+// Masked rows: a query row that sees no key (and seqlen_k == 0) gets out = 0,
+// lse = -inf (lse = sinks[h] when sinks are given), and contributes zero to
+// every gradient. No NaN is produced by masking. NaN or Inf in the inputs
+// propagate by IEEE rules to the rows and heads that read them.
+//
+// Memory: the library allocates per-thread tiles and O(seqlen) vectors, never
+// anything of size seqlen_q * seqlen_k (workspace_bytes() reports it exactly).
+// Results are bitwise identical for any num_threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace flashgrad {
+
+enum class DType : int { f32, f64, bf16, f16, u8, i32 };
+
+const char* dtype_name(DType t);
+int64_t dtype_size(DType t);
+
+// A strided view of caller-owned memory. Strides are in elements.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int ndim = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t strides[4] = {0, 0, 0, 0};
+
+  // Compact row-major view.
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape);
+  static TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                            std::initializer_list<int64_t> strides);
+  int64_t numel() const;
+};
+
+struct Options {
+  double softmax_scale = 0.0;  // NaN or <= 0: 1 / sqrt(head_dim)
+  bool causal = false;
+  int64_t window_left = -1;    // -1: unbounded
+  int64_t window_right = -1;   // -1: unbounded
+  double softcap = 0.0;        // 0: off
+
+  // Optional inputs. Leading dims of size 1 (or stride 0) broadcast.
+  std::optional<TensorView> alibi_slopes;  ///< f32 [heads_q] or [batch, heads_q]
+  std::optional<TensorView> bias;          ///< f32/bf16/f16 [batch|1, heads_q|1, seqlen_q, seqlen_k]
+  std::optional<TensorView> mask;          ///< u8 [batch|1, heads_q|1, seqlen_q, seqlen_k], nonzero = attend
+  std::optional<TensorView> sinks;         ///< f32 [heads_q], one extra logit per head (denominator only)
+
+  // Packed variable-length batches (both or neither). Then q is
+  // [total_q, heads_q, head_dim], k/v [total_k, heads_kv, *], out likewise,
+  // lse [heads_q, total_q], and bias/mask are indexed by positions inside
+  // each sequence: [batch|1, heads_q|1, max_seqlen_q, max_seqlen_k].
+  std::optional<TensorView> cu_seqlens_q;  ///< i32 [batch + 1], non-decreasing, from 0
+  std::optional<TensorView> cu_seqlens_k;  ///< i32 [batch + 1]
+
+  double dropout_p = 0.0;  // in [0, 1)
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  int num_threads = 0;     // 0: all cores
+};
+
+// Every failure: "flashgrad::<function>: argument '<name>': expected <...>, got <...>".
+// Nothing has been written to any output when it is thrown.
+class Error : public std::runtime_error {
+ public:
+  enum class Code { invalid_argument, out_of_memory, unsupported };
+  explicit Error(const std::string& what, Code code = Code::invalid_argument)
+      : std::runtime_error(what), code_(code) {}
+  Code code() const { return code_; }
+
+ private:
+  Code code_;
+};
+
+// q    [batch, seqlen_q, heads_q,  head_dim]
+// k    [batch, seqlen_k, heads_kv, head_dim]
+// v    [batch, seqlen_k, heads_kv, head_dim_v]
+// out  [batch, seqlen_q, heads_q,  head_dim_v]   written
+// lse  f32 [batch, heads_q, seqlen_q]             written
+// q, k, v, out share one dtype: f32, f64, bf16 or f16. head dims in [1, 512].
+void forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+             const TensorView& out, const TensorView& lse);
+
+// Gradients of sum(out * dout). out and lse may come from elsewhere (for
+// example merged across ranks); they must be those of the same attention.
+// dq, dk, dv have the shapes of q, k, v; dsinks f32 [heads_q] (only with sinks);
+// dbias f32 with the shape of bias, summed over its broadcast dims.
+// All outputs are overwritten, not accumulated into.
+struct Grads {
+  TensorView dq, dk, dv;
+  std::optional<TensorView> dsinks;
+  std::optional<TensorView> dbias;
+};
+void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& out, const TensorView& lse, const TensorView& dout,
+              const Grads& grads);
+
+// Bytes of workspace forward()/backward() would allocate for these inputs.
+int64_t forward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,
+                                const TensorView& v);
+int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,
+                                 const TensorView& v);
+
+// The dropout keep mask the kernels use, for tests and references:
+// keep u8 [batch, heads_q, seqlen_q, seqlen_k] (padded to the longest sequence
+// when varlen), 1 = kept.
+void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int64_t seqlen_q,
+                       int64_t seqlen_k, const TensorView& keep);
+
+// The SIMD path in use: "avx512", "avx2" or "scalar". FLASHGRAD_ISA forces one
+// of them (an ISA the CPU lacks is an error at first use).
+const char* isa_name();
+int max_threads();
+
+}  // namespace flashgrad

@@ -1,0 +1,234 @@
+// Backward in three named phases, as in FlashAttention-2:
+//   compute_delta   delta_i = rowsum(dout_i * out_i)          task: (b, h, query block)
+//   backward_dkdv   dK, dV for a key block, summed over the     task: (b, kv head, key block)
+//                   query heads of its group; each task owns its rows, no atomics
+//   backward_dq     dQ for a query block (and dbias rows)       task: (b, h, query block)
+// Scores are recomputed per tile from lse: P = exp(S - lse).
+
+// Everything the tile step needs about one query block.
+template <typename Acc>
+struct QueryBlock {
+  int64_t i0, mq;
+  Acc *q, *dout, *lse, *delta;  // q pre-scaled by softmax_scale
+  int64_t *lo, *hi;
+};
+
+template <typename T, typename Acc>
+void load_query_block(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
+                      const Acc* delta_all, QueryBlock<Acc>& qb) {
+  const int64_t q0 = p.q_start(ctx.b) + qb.i0;
+  load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q);
+  const Acc scale = static_cast<Acc>(p.scale);
+  for (int64_t x = 0; x < qb.mq * plan.dqk_pad; ++x) qb.q[x] *= scale;
+  load_tile<T>(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, plan.dv_pad, qb.dout);
+  const Acc* delta = delta_all + (ctx.b * p.heads_q + ctx.h) * p.seqlen_q + qb.i0;
+  for (int64_t r = 0; r < qb.mq; ++r) {
+    const Acc v = static_cast<Acc>(lse_load(p, row_offset(p.lse, ctx.b, q0 + r, ctx.h)));
+    // A fully masked row has lse = -inf; +inf makes its P exactly 0.
+    qb.lse[r] = v == neg_inf<Acc>() ? -v : v;
+    qb.delta[r] = delta[r];
+  }
+}
+
+template <typename Acc, typename D>
+inline void add_row(const Acc* src, int64_t n, D* dst, int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) dst[i * stride] += static_cast<D>(src[i]);
+}
+
+// One (query block, key block) step. In: qb, kt [d, bk_pad], vt [dv, bk_pad].
+// Out: s = dropout(P) and dp = dS (w.r.t. the pre-softcap score), both
+// [mq, bk_pad]. dS before the softcap factor is added into dbias_rows if given.
+template <typename Acc>
+void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
+               const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
+               const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
+  const int64_t lds = plan.bk_pad;
+  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, kt, lds, s, lds, false);
+  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, vt, lds, dp, lds, false);
+  const bool capped = ctx.softcap > 0;
+  const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
+  uint8_t keep[kMaxBlockK];
+  for (int64_t r = 0; r < qb.mq; ++r) {
+    Acc *srow = s + r * lds, *dprow = dp + r * lds, *trow = t + r * lds;
+    ctx.logits_row(qb.i0 + r, j0, nj, qb.lo[r], qb.hi[r], partial, srow, capped ? trow : nullptr);
+    const Acc lse = qb.lse[r], delta = qb.delta[r];
+    if (ctx.rng.active) ctx.rng.keep_row(qb.i0 + r, j0, nj, keep);
+    for (int64_t jj = 0; jj < nj; ++jj) {
+      const Acc pr = exp_acc(srow[jj] - lse);
+      const Acc z = !ctx.rng.active ? Acc(1) : (keep[jj] ? inv_keep : Acc(0));
+      dprow[jj] = pr * (dprow[jj] * z - delta);  // dS = P * (dP - delta)
+      srow[jj] = pr * z;
+    }
+    if (dbias_rows) {
+      if (p.dbias.dtype == DType::f64)
+        add_row(dprow, nj, static_cast<double*>(dbias_rows) + r * p.dbias.stride[2] + j0 * p.dbias.stride[3],
+                p.dbias.stride[3]);
+      else
+        add_row(dprow, nj, static_cast<float*>(dbias_rows) + r * p.dbias.stride[2] + j0 * p.dbias.stride[3],
+                p.dbias.stride[3]);
+    }
+    if (capped)  // d(c tanh(x / c)) / dx = 1 - tanh^2
+      for (int64_t jj = 0; jj < nj; ++jj) dprow[jj] *= Acc(1) - trow[jj] * trow[jj];
+  }
+}
+
+template <typename Acc>
+void row_ranges(const HeadCtx<Acc>& ctx, QueryBlock<Acc>& qb) {
+  for (int64_t r = 0; r < qb.mq; ++r) ctx.row_range(qb.i0 + r, qb.lo[r], qb.hi[r]);
+}
+
+template <typename Acc>
+QueryBlock<Acc> query_block_buffers(const TilePlan& plan, Slice<Acc> ws, int64_t i0, int64_t mq) {
+  const auto& L = plan.bwd;
+  return QueryBlock<Acc>{i0, mq, ws.at(L.q), ws.at(L.dout), ws.at(L.row_a), ws.at(L.row_b),
+                         ws.idx(L.row_lo), ws.idx(L.row_hi)};
+}
+
+template <typename T, typename Acc>
+void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
+                   Acc* delta_all, double* dsinks_part) {
+  const int64_t lq = p.len_q(b), i0 = qblk * plan.block_q;
+  const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
+  double part = 0;
+  const T* out = static_cast<const T*>(p.out.data);
+  const T* dout = static_cast<const T*>(p.dout.data);
+  Acc* delta = delta_all + (b * p.heads_q + h) * p.seqlen_q;
+  const int64_t q0 = p.q_start(b);
+  for (int64_t i = i0; i < std::min(lq, i0 + plan.block_q); ++i) {
+    const T* orow = out + row_offset(p.out, b, q0 + i, h);
+    const T* grow = dout + row_offset(p.dout, b, q0 + i, h);
+    Acc acc = 0;
+    for (int64_t c = 0; c < p.head_dim_v; ++c)
+      acc += static_cast<Acc>(to_float(orow[c * p.out.dim_stride])) *
+             static_cast<Acc>(to_float(grow[c * p.dout.dim_stride]));
+    delta[i] = acc;
+    if (p.sinks) {  // d lse / d sink = P_sink; d sink = -sum_i P_sink,i * delta_i
+      const double l = lse_load(p, row_offset(p.lse, b, q0 + i, h));
+      part += std::exp(static_cast<double>(p.sinks[h * p.sinks_stride]) - l) * acc;
+    }
+  }
+  dsinks_part[(b * p.heads_q + h) * nqb + qblk] = part;
+}
+
+template <typename T, typename Acc>
+void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
+                   const Acc* delta_all, Slice<Acc> ws) {
+  const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
+  if (j0 >= lk) return;
+  const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
+  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, bqp = plan.bq_pad;
+  const auto& L = plan.bwd;
+  Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
+  Acc *st = ws.at(L.st), *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b);
+  load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt);
+  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt);
+  for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
+  for (int64_t x = 0; x < nj * ldv; ++x) dv[x] = Acc(0);
+
+  const int64_t group = p.heads_q / p.heads_kv;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    const HeadCtx<Acc> ctx(p, b, h);
+    for (int64_t i0 = 0; i0 < ctx.lq; i0 += plan.block_q) {
+      QueryBlock<Acc> qb = query_block_buffers(plan, ws, i0, std::min(plan.block_q, ctx.lq - i0));
+      row_ranges(ctx, qb);
+      const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
+      if (kind == TileKind::skip) continue;
+      load_query_block<T>(p, plan, ctx, delta_all, qb);
+      tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
+      transpose(qb.mq, nj, s, plan.bk_pad, st, bqp);
+      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, dv, ldv, true);  // dV += P^T dO
+      transpose(qb.mq, nj, dp, plan.bk_pad, st, bqp);
+      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, dk, ldq, true);  // dK += dS^T (scale Q)
+    }
+  }
+  T* dkp = static_cast<T*>(p.dk.data);
+  T* dvp = static_cast<T*>(p.dv.data);
+  for (int64_t r = 0; r < nj; ++r) {
+    store_row(dk + r * ldq, p.head_dim, dkp + row_offset(p.dk, b, k0 + r, hk), p.dk.dim_stride, Acc(1));
+    store_row(dv + r * ldv, p.head_dim_v, dvp + row_offset(p.dv, b, k0 + r, hk), p.dv.dim_stride,
+              Acc(1));
+  }
+}
+
+template <typename T, typename Acc>
+void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
+                 const Acc* delta_all, Slice<Acc> ws) {
+  const HeadCtx<Acc> ctx(p, b, h);
+  const int64_t i0 = qblk * plan.block_q;
+  if (i0 >= ctx.lq) return;
+  QueryBlock<Acc> qb = query_block_buffers(plan, ws, i0, std::min(plan.block_q, ctx.lq - i0));
+  const int64_t ldq = plan.dqk_pad, lds = plan.bk_pad;
+  const auto& L = plan.bwd;
+  Acc *k = ws.at(L.k), *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp);
+  Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a);
+  row_ranges(ctx, qb);
+  load_query_block<T>(p, plan, ctx, delta_all, qb);
+  for (int64_t x = 0; x < qb.mq * ldq; ++x) dq[x] = Acc(0);
+  void* dbias_rows = nullptr;
+  if (p.dbias.data) {
+    const auto& o = p.dbias;
+    const int64_t off = (o.batch == 1 ? 0 : b) * o.stride[0] + (o.heads == 1 ? 0 : h) * o.stride[1] +
+                        i0 * o.stride[2];
+    dbias_rows = o.dtype == DType::f64 ? static_cast<void*>(static_cast<double*>(o.data) + off)
+                                       : static_cast<void*>(static_cast<float*>(o.data) + off);
+  }
+  const int64_t k0 = p.k_start(b);
+  for (int64_t j0 = 0; j0 < ctx.lk; j0 += plan.block_k) {
+    const int64_t nj = std::min(plan.block_k, ctx.lk - j0);
+    const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
+    if (kind == TileKind::skip) continue;
+    load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
+    load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt);
+    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt);
+    tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
+    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, dq, ldq, true);  // dQ += dS K
+  }
+  T* dqp = static_cast<T*>(p.dq.data);
+  const int64_t q0 = p.q_start(b);
+  for (int64_t r = 0; r < qb.mq; ++r)
+    store_row(dq + r * ldq, p.head_dim, dqp + row_offset(p.dq, b, q0 + i0 + r, h), p.dq.dim_stride,
+              static_cast<Acc>(p.scale));
+}
+
+template <typename T, typename Acc>
+void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
+  const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
+  const int64_t nkb = ceil_div(p.seqlen_k, plan.block_k);
+  const int64_t per_thread = plan.per_thread_bytes / static_cast<int64_t>(sizeof(Acc));
+  Acc* base = static_cast<Acc*>(workspace);
+  Acc* delta = base + per_thread * plan.threads;
+  double* dsinks_part = reinterpret_cast<double*>(
+      reinterpret_cast<char*>(delta) + round_up(p.batch * p.heads_q * p.seqlen_q * sizeof(Acc), kAlign));
+  const int64_t bh = p.batch * p.heads_q;
+
+  parallel_for(bh * nqb, plan.threads, [&](int64_t task, int) {
+    const int64_t b = task / nqb / p.heads_q, h = task / nqb % p.heads_q;
+    compute_delta<T, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
+  });
+  parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
+    const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
+    backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, Slice<Acc>{base + thread * per_thread});
+  });
+  // A dbias broadcast over batch or heads sums over them: one task then owns
+  // the dbias rows and visits the (b, h) pairs that share them in a fixed order.
+  const int64_t nb = p.dbias.data ? p.dbias.batch : p.batch;
+  const int64_t nh = p.dbias.data ? p.dbias.heads : p.heads_q;
+  parallel_for(nb * nh * nqb, plan.threads, [&](int64_t task, int thread) {
+    const int64_t qblk = task % nqb, gh = task / nqb % nh, gb = task / nqb / nh;
+    const int64_t b_end = nb == p.batch ? gb + 1 : p.batch, h_end = nh == p.heads_q ? gh + 1 : p.heads_q;
+    for (int64_t b = nb == p.batch ? gb : 0; b < b_end; ++b)
+      for (int64_t h = nh == p.heads_q ? gh : 0; h < h_end; ++h)
+        backward_dq<T, Acc>(p, plan, b, h, qblk, delta, Slice<Acc>{base + thread * per_thread});
+  });
+  if (p.dsinks) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      double sum = 0;
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t q = 0; q < nqb; ++q) sum += dsinks_part[(b * p.heads_q + h) * nqb + q];
+      if (p.dsinks_dtype == DType::f64)
+        static_cast<double*>(p.dsinks)[h * p.dsinks_stride] = -sum;
+      else
+        static_cast<float*>(p.dsinks)[h * p.dsinks_stride] = static_cast<float>(-sum);
+    }
+  }
+}

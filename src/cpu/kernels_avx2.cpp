@@ -1,0 +1,23 @@
+// Kernels for the avx2 path. Standard headers come first so that only
+// flashgrad's own code is compiled with this ISA's target options.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "dispatch.hpp"
+#include "parallel.hpp"
+#include "params.hpp"
+#include "tiling.hpp"
+
+#pragma GCC target("avx2,fma,f16c,bmi2")
+#define FG_NR 16
+#define FG_PORTABLE_HALF 0
+#define FG_ISA_ENUM Isa::avx2
+#define FG_ISA_NAME "avx2"
+
+namespace flashgrad::cpu::avx2 {
+#include "cpu/kernels.inl"
+}  // namespace flashgrad::cpu::avx2

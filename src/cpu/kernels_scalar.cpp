@@ -1,0 +1,22 @@
+// Kernels for the scalar path. Standard headers come first so that only
+// flashgrad's own code is compiled with this ISA's target options.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "dispatch.hpp"
+#include "parallel.hpp"
+#include "params.hpp"
+#include "tiling.hpp"
+
+#define FG_NR 8
+#define FG_PORTABLE_HALF 1
+#define FG_ISA_ENUM Isa::scalar
+#define FG_ISA_NAME "scalar"
+
+namespace flashgrad::cpu::scalar {
+#include "cpu/kernels.inl"
+}  // namespace flashgrad::cpu::scalar

@@ -1,0 +1,121 @@
+// What turns a raw score tile into logits: softcap, ALiBi, bias and the masks.
+// Written once for forward and both backward passes.
+
+template <typename Acc>
+constexpr Acc neg_inf() { return -std::numeric_limits<Acc>::infinity(); }
+
+enum class TileKind { skip, full, partial };
+
+// One (batch, query head) pair: sequence bounds and the per-head inputs.
+template <typename Acc>
+struct HeadCtx {
+  const AttnParams* p;
+  int64_t b, h, hk;
+  int64_t lq, lk;   // this sequence's lengths
+  int64_t shift;    // lk - lq: query i sits at key position i + shift
+  Acc slope;        // ALiBi slope, 0 when off
+  Acc softcap;      // 0 when off
+  const char* bias; // row i, col j at bias + (i * bias_rs + j * bias_cs) * bias_es bytes
+  int64_t bias_rs, bias_cs, bias_es;
+  const uint8_t* mask;
+  int64_t mask_rs, mask_cs;
+  Philox rng;
+
+  HeadCtx(const AttnParams& prm, int64_t b_, int64_t h_)
+      : p(&prm), b(b_), h(h_), hk(h_ / (prm.heads_q / prm.heads_kv)), lq(prm.len_q(b_)),
+        lk(prm.len_k(b_)), shift(lk - lq), slope(0), softcap(static_cast<Acc>(prm.softcap)),
+        bias(nullptr), bias_rs(0), bias_cs(0), bias_es(0), mask(nullptr), mask_rs(0), mask_cs(0),
+        rng(Philox::make(prm, b_, h_)) {
+    if (prm.alibi)
+      slope = static_cast<Acc>(prm.alibi[b * prm.alibi_batch_stride + h * prm.alibi_head_stride]);
+    if (prm.bias.data) {
+      const auto& o = prm.bias;
+      bias_es = o.dtype == DType::f32 ? 4 : 2;
+      bias = static_cast<const char*>(o.data) + (b * o.stride[0] + h * o.stride[1]) * bias_es;
+      bias_rs = o.stride[2];
+      bias_cs = o.stride[3];
+    }
+    if (prm.mask.data) {
+      const auto& o = prm.mask;
+      mask = static_cast<const uint8_t*>(o.data) + b * o.stride[0] + h * o.stride[1];
+      mask_rs = o.stride[2];
+      mask_cs = o.stride[3];
+    }
+  }
+
+  // Keys visible to query row i by causal/window: [lo, hi] (empty when lo > hi).
+  void row_range(int64_t i, int64_t& lo, int64_t& hi) const {
+    const int64_t ip = i + shift;
+    lo = 0;
+    hi = lk - 1;
+    if (p->window_left >= 0 && ip - p->window_left > lo) lo = ip - p->window_left;
+    if (p->causal && ip < hi) hi = ip;
+    if (p->window_right >= 0 && ip + p->window_right < hi) hi = ip + p->window_right;
+  }
+
+  // Rows [i0, i0 + ni) against keys [j0, j0 + nj), given the rows' ranges.
+  TileKind classify(int64_t ni, const int64_t* lo, const int64_t* hi, int64_t j0,
+                    int64_t nj) const {
+    bool any = false, all = true;
+    for (int64_t r = 0; r < ni; ++r) {
+      const bool touches = lo[r] <= hi[r] && hi[r] >= j0 && lo[r] < j0 + nj;
+      any = any || touches;
+      all = all && lo[r] <= j0 && hi[r] >= j0 + nj - 1;
+    }
+    if (!any) return TileKind::skip;
+    return all && !mask ? TileKind::full : TileKind::partial;
+  }
+
+  template <typename B>
+  void add_bias(const B* row, int64_t j0, int64_t nj, Acc* s) const {
+    for (int64_t jj = 0; jj < nj; ++jj) s[jj] += static_cast<Acc>(to_float(row[(j0 + jj) * bias_cs]));
+  }
+
+  // s[0..nj) holds scale * q_i . k_j for keys j0..j0+nj; turn it into logits.
+  // tanh_out (if non-null) receives tanh(s / softcap) for the backward.
+  void logits_row(int64_t i, int64_t j0, int64_t nj, int64_t lo, int64_t hi, bool partial,
+                  Acc* s, Acc* tanh_out) const {
+    if (softcap > 0) {
+      const Acc inv = Acc(1) / softcap;
+      for (int64_t jj = 0; jj < nj; ++jj) {
+        const Acc t = std::tanh(s[jj] * inv);
+        if (tanh_out) tanh_out[jj] = t;
+        s[jj] = softcap * t;
+      }
+    }
+    if (slope != 0) {
+      const int64_t ip = i + shift;
+      for (int64_t jj = 0; jj < nj; ++jj) {
+        const int64_t dist = ip - (j0 + jj);
+        s[jj] -= slope * static_cast<Acc>(dist < 0 ? -dist : dist);
+      }
+    }
+    if (bias) {
+      const char* row = bias + i * bias_rs * bias_es;
+      switch (p->bias.dtype) {
+        case DType::bf16: add_bias(reinterpret_cast<const bf16_t*>(row), j0, nj, s); break;
+        case DType::f16: add_bias(reinterpret_cast<const f16_t*>(row), j0, nj, s); break;
+        default: add_bias(reinterpret_cast<const float*>(row), j0, nj, s); break;
+      }
+    }
+    if (partial) {
+      for (int64_t jj = 0; jj < nj; ++jj) {
+        const int64_t j = j0 + jj;
+        if (j < lo || j > hi) s[jj] = neg_inf<Acc>();
+      }
+      if (mask) {
+        const uint8_t* mrow = mask + i * mask_rs;
+        for (int64_t jj = 0; jj < nj; ++jj)
+          if (!mrow[(j0 + jj) * mask_cs]) s[jj] = neg_inf<Acc>();
+      }
+    }
+  }
+
+  // Multiplies row i's keys j0..j0+nj by keep / (1 - p), or leaves them if no dropout.
+  void dropout_row(int64_t i, int64_t j0, int64_t nj, uint8_t* keep, Acc* x) const {
+    if (!rng.active) return;
+    const Acc inv = static_cast<Acc>(1.0 / (1.0 - p->dropout_p));
+    rng.keep_row(i, j0, nj, keep);
+    for (int64_t jj = 0; jj < nj; ++jj) x[jj] = keep[jj] ? x[jj] * inv : Acc(0);
+  }
+};

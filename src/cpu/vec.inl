@@ -1,0 +1,175 @@
+// Storage conversion, exp and the tile product. Included inside a per-ISA
+// namespace by kernels_<isa>.cpp, so every function here is compiled for that
+// ISA and has no linkage to the other ISAs' copies.
+
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+inline double to_float(double x) { return x; }
+inline float to_float(bf16_t x) {
+  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float to_float(f16_t x) {
+#if defined(__FLT16_MANT_DIG__) && !FG_PORTABLE_HALF
+  _Float16 h;
+  std::memcpy(&h, &x.bits, 2);
+  return static_cast<float>(h);
+#else
+  const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
+  uint32_t exp = (x.bits >> 10) & 0x1fu, man = x.bits & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalize
+      int e = -1;
+      do { man <<= 1; ++e; } while (!(man & 0x400u));
+      u = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3ffu) << 13;
+    }
+  } else {
+    u = sign | (exp + 112) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+template <typename T> T from_acc(double x);
+template <> inline float from_acc<float>(double x) { return static_cast<float>(x); }
+template <> inline double from_acc<double>(double x) { return x; }
+inline bf16_t bf16_from(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return bf16_t{static_cast<uint16_t>(u >> 16)};
+}
+inline f16_t f16_from(float f) {
+#if defined(__FLT16_MANT_DIG__) && !FG_PORTABLE_HALF
+  _Float16 h = static_cast<_Float16>(f);
+  f16_t out;
+  std::memcpy(&out.bits, &h, 2);
+  return out;
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return f16_t{static_cast<uint16_t>(sign | 0x7e00u)};
+  if (u >= 0x477ff000u) return f16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
+  if (u < 0x38800000u) {  // subnormal or zero in f16: round via float addition
+    float a;
+    std::memcpy(&a, &u, 4);
+    a += 0.5f;  // 2^-1 aligns f16's subnormal ulp (2^-24) to float's ulp at 0.5
+    uint32_t r;
+    std::memcpy(&r, &a, 4);
+    return f16_t{static_cast<uint16_t>(sign | (r - 0x3f000000u))};
+  }
+  const uint32_t odd = (u >> 13) & 1u;
+  u += 0xc8000fffu + odd;  // rebias exponent (-112 << 23) and round to nearest even
+  return f16_t{static_cast<uint16_t>(sign | (u >> 13))};
+#endif
+}
+template <> inline bf16_t from_acc<bf16_t>(double x) { return bf16_from(static_cast<float>(x)); }
+template <> inline f16_t from_acc<f16_t>(double x) { return f16_from(static_cast<float>(x)); }
+
+// dst[0..n) = src[0, stride, ..., (n-1) * stride] converted to Acc; dst[n..pad) = 0.
+template <typename T, typename Acc>
+inline void load_row(const T* src, int64_t stride, int64_t n, int64_t pad, Acc* dst) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i * stride]));
+  }
+  for (int64_t i = n; i < pad; ++i) dst[i] = Acc(0);
+}
+
+// Column c of a [n, pad_rows] destination, ld apart: dst[i * ld + c] = src[i * stride].
+template <typename T, typename Acc>
+inline void load_col(const T* src, int64_t stride, int64_t n, Acc* dst, int64_t ld) {
+  for (int64_t i = 0; i < n; ++i) dst[i * ld] = static_cast<Acc>(to_float(src[i * stride]));
+}
+
+template <typename T, typename Acc>
+inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul) {
+  for (int64_t i = 0; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
+}
+
+// exp(x) for x <= ~88, in f32, within 2 ulp over the range the softmax uses
+// (x <= 0): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the
+// degree-7 Taylor polynomial of e^r (truncation error below 1e-8 relative).
+// Results below e^-87.3 flush to 0, exactly 0 for x = -inf. NaN propagates.
+inline float exp_f32(float x) {
+  const float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float nf = (xc * 1.44269504088896341f + magic) - magic;
+  float r = xc - nf * 0.693145751953125f;
+  r = r - nf * 1.428606765330187045e-06f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t n = static_cast<int32_t>(nf);
+  const int32_t bits = (n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  float y = p * scale;
+  y = x < -87.3f ? 0.0f : y;
+  return x != x ? x : y;
+}
+inline double exp_acc(double x) { return std::exp(x); }
+inline float exp_acc(float x) { return exp_f32(x); }
+
+// The tile product, the one seam for faster micro-kernels:
+//   C[m, 0..n) (+)= A[m, k] * B[k, 0..n)
+// Row-major, leading dimensions in elements; n is a multiple of kNr (tiles are
+// padded). Register-blocked kMr x kNr so the compiler keeps C in vector registers.
+template <typename Acc, int Mr, int Nr>
+inline void gemm_block(int64_t k, const Acc* a, int64_t lda, const Acc* b, int64_t ldb, Acc* c,
+                       int64_t ldc, bool accumulate) {
+  Acc acc[Mr][Nr];
+  for (int r = 0; r < Mr; ++r)
+    for (int j = 0; j < Nr; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : Acc(0);
+  for (int64_t p = 0; p < k; ++p) {
+    const Acc* brow = b + p * ldb;
+    for (int r = 0; r < Mr; ++r) {
+      const Acc av = a[r * lda + p];
+      for (int j = 0; j < Nr; ++j) acc[r][j] += av * brow[j];
+    }
+  }
+  for (int r = 0; r < Mr; ++r)
+    for (int j = 0; j < Nr; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+template <typename Acc>
+inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t lda, const Acc* b,
+                    int64_t ldb, Acc* c, int64_t ldc, bool accumulate) {
+  constexpr int Nr = FG_NR;
+  constexpr int Mr = 4;
+  FG_DASSERT(n % Nr == 0);
+  int64_t i = 0;
+  for (; i + Mr <= m; i += Mr)
+    for (int64_t j = 0; j < n; j += Nr)
+      gemm_block<Acc, Mr, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+  for (; i < m; ++i)
+    for (int64_t j = 0; j < n; j += Nr)
+      gemm_block<Acc, 1, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
+template <typename Acc>
+inline void transpose(int64_t rows, int64_t cols, const Acc* src, int64_t lds, Acc* dst,
+                      int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+}

@@ -1,0 +1,28 @@
+// One place that runs tasks on threads. Tasks are independent and each writes
+// only what it owns, so results do not depend on which thread runs which task.
+#pragma once
+
+#include <cstdint>
+
+namespace flashgrad {
+
+// Calls fn(ctx, task, thread) for every task in [0, num_tasks) on up to
+// num_threads threads; thread is in [0, num_threads) and indexes per-thread
+// scratch. Inside an enclosing OpenMP parallel region it runs on the calling
+// thread only (no nested oversubscription).
+using TaskFn = void (*)(void* ctx, int64_t task, int thread);
+void parallel_for(int64_t num_tasks, int num_threads, TaskFn fn, void* ctx);
+
+// Threads to use for a request of n (0 = all cores).
+int resolve_threads(int n);
+
+// Wraps a callable so that it can go through parallel_for's function pointer.
+template <typename F>
+void parallel_for(int64_t num_tasks, int num_threads, F&& f) {
+  parallel_for(
+      num_tasks, num_threads,
+      [](void* ctx, int64_t task, int thread) { (*static_cast<F*>(ctx))(task, thread); },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+}  // namespace flashgrad

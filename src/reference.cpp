@@ -1,0 +1,280 @@
+#include "reference.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "check.hpp"
+#include "dispatch.hpp"
+#include "params.hpp"
+
+namespace flashgrad::reference {
+namespace detail {
+#define FG_NR 8
+#define FG_PORTABLE_HALF 1
+#define FG_DASSERT(x) assert(x)
+#include "cpu/vec.inl"
+}  // namespace detail
+
+namespace {
+
+// f64 storage needs an oracle finer than f64, so that a naive f64 computation
+// has a measurable error: x87 extended (64-bit mantissa) on x86, quad elsewhere.
+using Real = long double;
+using Matrix = std::vector<Real>;  // row-major
+
+Real read(const void* base, DType t, int64_t off) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[off];
+    case DType::f64: return static_cast<const double*>(base)[off];
+    case DType::bf16: return detail::to_float(static_cast<const detail::bf16_t*>(base)[off]);
+    case DType::f16: return detail::to_float(static_cast<const detail::f16_t*>(base)[off]);
+    case DType::u8: return static_cast<const uint8_t*>(base)[off];
+    case DType::i32: return static_cast<const int32_t*>(base)[off];
+  }
+  return 0;
+}
+
+// Rounds to the storage dtype (naive mode) or not at all (f64 mode), and
+// computes in f32 for the 16- and 32-bit storage dtypes in naive mode.
+struct Arith {
+  DType storage;
+  bool naive;
+  Real round(Real x) const {
+    if (!naive) return x;
+    switch (storage) {
+      case DType::f64: return static_cast<double>(x);
+      case DType::f32: return static_cast<float>(x);
+      case DType::bf16: return detail::to_float(detail::bf16_from(static_cast<float>(x)));
+      case DType::f16: return detail::to_float(detail::f16_from(static_cast<float>(x)));
+      default: return x;
+    }
+  }
+  Real acc(Real x) const {
+    if (!naive) return x;
+    return storage == DType::f64 ? static_cast<Real>(static_cast<double>(x)) : static_cast<float>(x);
+  }
+};
+
+// [n, dim] matrix of head h of sequence b.
+Matrix gather(const AttnParams& p, const Operand& o, DType t, int64_t b, int64_t start, int64_t n,
+              int64_t h, int64_t dim) {
+  Matrix m(static_cast<size_t>(n * dim));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < dim; ++c)
+      m[r * dim + c] = read(o.data, t, row_offset(o, b, start + r, h) + c * o.dim_stride);
+  (void)p;
+  return m;
+}
+
+void scatter(const Operand& o, int64_t b, int64_t start, int64_t n, int64_t h, int64_t dim,
+             const Matrix& m) {
+  auto* base = static_cast<double*>(o.data);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < dim; ++c)
+      base[row_offset(o, b, start + r, h) + c * o.dim_stride] = static_cast<double>(m[r * dim + c]);
+}
+
+// C[n, m] = A[n, k] B[m, k]^T, each dot accumulated then rounded.
+Matrix abt(const Arith& ar, const Matrix& a, const Matrix& b, int64_t n, int64_t m, int64_t k,
+           Real scale) {
+  Matrix c(static_cast<size_t>(n * m));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      Real s = 0;
+      for (int64_t x = 0; x < k; ++x) s = ar.acc(s + a[i * k + x] * b[j * k + x]);
+      c[i * m + j] = ar.round(ar.acc(s * scale));
+    }
+  return c;
+}
+
+// Everything forward produces for one (b, h), kept for backward.
+struct HeadForward {
+  int64_t lq, lk;
+  Matrix s;      // logits after softcap/alibi/bias/masks [lq, lk]
+  Matrix t;      // tanh(raw / softcap) [lq, lk] when softcap
+  Matrix p;      // softmax probabilities [lq, lk]
+  Matrix z;      // dropout multiplier keep / (1 - p) [lq, lk]
+  Matrix out;    // [lq, dv]
+  std::vector<Real> lse;
+};
+
+HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_t h,
+                         const uint8_t* keep) {
+  HeadForward f;
+  f.lq = p.len_q(b);
+  f.lk = p.len_k(b);
+  const int64_t lq = f.lq, lk = f.lk, hk = h / (p.heads_q / p.heads_kv);
+  const int64_t d = p.head_dim, dv = p.head_dim_v, shift = lk - lq;
+  const Matrix q = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
+  const Matrix k = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
+  const Matrix v = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
+  f.s = abt(ar, q, k, lq, lk, d, p.scale);
+  f.t.assign(f.s.size(), 0.0);
+  f.p.assign(f.s.size(), 0.0);
+  f.z.assign(f.s.size(), 1.0);
+  f.lse.assign(static_cast<size_t>(lq), 0.0);
+  const Real inf = std::numeric_limits<Real>::infinity();
+  for (int64_t i = 0; i < lq; ++i) {
+    const int64_t ip = i + shift;
+    for (int64_t j = 0; j < lk; ++j) {
+      Real& s = f.s[i * lk + j];
+      if (p.softcap > 0) {
+        f.t[i * lk + j] = std::tanh(s / p.softcap);
+        s = p.softcap * f.t[i * lk + j];
+      }
+      if (p.alibi) s -= p.alibi[b * p.alibi_batch_stride + h * p.alibi_head_stride] * std::fabs(Real(ip - j));
+      if (p.bias.data)
+        s += read(p.bias.data, p.bias.dtype, b * p.bias.stride[0] + h * p.bias.stride[1] + i * p.bias.stride[2] + j * p.bias.stride[3]);
+      bool visible = true;
+      if (p.causal && j > ip) visible = false;
+      if (p.window_left >= 0 && j < ip - p.window_left) visible = false;
+      if (p.window_right >= 0 && j > ip + p.window_right) visible = false;
+      if (p.mask.data &&
+          !static_cast<const uint8_t*>(p.mask.data)[b * p.mask.stride[0] + h * p.mask.stride[1] + i * p.mask.stride[2] + j * p.mask.stride[3]])
+        visible = false;
+      s = ar.acc(s);
+      if (!visible) s = -inf;
+      if (p.dropout_p > 0) {
+        const uint8_t kept = keep[((b * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j];
+        f.z[i * lk + j] = kept ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+      }
+    }
+    Real m = -inf;
+    for (int64_t j = 0; j < lk; ++j) m = std::max(m, f.s[i * lk + j]);
+    const Real sink = p.sinks ? p.sinks[h * p.sinks_stride] : -inf;
+    m = std::max(m, sink);
+    if (m == -inf) {
+      f.lse[i] = -inf;  // no visible key and no sink: P = 0
+      continue;
+    }
+    Real sum = p.sinks ? ar.acc(std::exp(sink - m)) : 0.0;
+    for (int64_t j = 0; j < lk; ++j) sum = ar.acc(sum + ar.acc(std::exp(f.s[i * lk + j] - m)));
+    f.lse[i] = ar.acc(m + ar.acc(std::log(sum)));
+    for (int64_t j = 0; j < lk; ++j) f.p[i * lk + j] = ar.acc(std::exp(f.s[i * lk + j] - f.lse[i]));
+  }
+  f.out.assign(static_cast<size_t>(lq * dv), 0.0);
+  for (int64_t i = 0; i < lq; ++i)
+    for (int64_t c = 0; c < dv; ++c) {
+      Real acc = 0;
+      for (int64_t j = 0; j < lk; ++j)
+        acc = ar.acc(acc + ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * v[j * dv + c]);
+      f.out[i * dv + c] = ar.round(acc);
+    }
+  return f;
+}
+
+Arith arith(const AttnParams& p, Precision prec) { return Arith{p.dtype, prec == Precision::storage}; }
+
+std::vector<uint8_t> keep_mask(const AttnParams& p, const uint8_t*& keep) {
+  std::vector<uint8_t> owned;
+  if (p.dropout_p > 0 && !keep) {
+    owned.resize(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * p.seqlen_k));
+    kernels_for(Isa::scalar).dropout_mask(p, owned.data());
+    keep = owned.data();
+  }
+  return owned;
+}
+
+}  // namespace
+
+void forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+             const TensorView& out, const TensorView& lse, Precision prec, const uint8_t* keep) {
+  CallTensors t{&q, &k, &v, &out, &lse};
+  const AttnParams p = make_params("reference::forward", CallKind::reference_forward, opts, t);
+  const auto owned = keep_mask(p, keep);
+  const Arith ar = arith(p, prec);
+  auto* lse_out = static_cast<double*>(p.lse.data);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const HeadForward f = head_forward(p, ar, b, h, keep);
+      scatter(p.out, b, p.q_start(b), f.lq, h, p.head_dim_v, f.out);
+      for (int64_t i = 0; i < f.lq; ++i) lse_out[row_offset(p.lse, b, p.q_start(b) + i, h)] = f.lse[i];
+    }
+}
+
+void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& dout, const Grads& grads, Precision prec, const uint8_t* keep) {
+  CallTensors t{&q, &k, &v, nullptr, nullptr, &dout, &grads};
+  const AttnParams p = make_params("reference::backward", CallKind::reference_backward, opts, t);
+  const auto owned = keep_mask(p, keep);
+  const Arith ar = arith(p, prec);
+  const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
+  std::vector<Real> dsinks(static_cast<size_t>(p.heads_q), 0.0);
+  if (p.dbias.data) {
+    auto* db = static_cast<double*>(p.dbias.data);
+    const TensorView& g = *grads.dbias;
+    for (int64_t a = 0; a < g.shape[0]; ++a)
+      for (int64_t b = 0; b < g.shape[1]; ++b)
+        for (int64_t i = 0; i < g.shape[2]; ++i)
+          for (int64_t j = 0; j < g.shape[3]; ++j)
+            db[a * g.strides[0] + b * g.strides[1] + i * g.strides[2] + j * g.strides[3]] = 0;
+  }
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      const int64_t lk = p.len_k(b), lq = p.len_q(b);
+      Matrix dk(static_cast<size_t>(lk * d), 0.0), dvm(static_cast<size_t>(lk * dv), 0.0);
+      const Matrix k_ = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
+      const Matrix v_ = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const HeadForward f = head_forward(p, ar, b, h, keep);
+        const Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
+        const Matrix go = gather(p, p.dout, p.dtype, b, p.q_start(b), lq, h, dv);
+        const Matrix dpd = abt(ar, go, v_, lq, lk, dv, 1.0);  // dO V^T
+        Matrix ds(static_cast<size_t>(lq * lk), 0.0);
+        for (int64_t i = 0; i < lq; ++i) {
+          Real delta = 0;
+          for (int64_t c = 0; c < dv; ++c) delta = ar.acc(delta + go[i * dv + c] * f.out[i * dv + c]);
+          if (p.sinks && f.lse[i] > -std::numeric_limits<Real>::infinity())
+            dsinks[static_cast<size_t>(h)] = ar.acc(
+                dsinks[static_cast<size_t>(h)] - ar.acc(std::exp(p.sinks[h * p.sinks_stride] - f.lse[i]) * delta));
+          for (int64_t j = 0; j < lk; ++j) {
+            const int64_t x = i * lk + j;
+            Real g = f.p[x] * (dpd[x] * f.z[x] - delta);
+            if (p.dbias.data) {
+              const auto& o = p.dbias;
+              double& slot = static_cast<double*>(o.data)[(o.batch == 1 ? 0 : b) * o.stride[0] +
+                                                          (o.heads == 1 ? 0 : h) * o.stride[1] +
+                                                          i * o.stride[2] + j * o.stride[3]];
+              slot = static_cast<double>(ar.acc(slot + g));
+            }
+            if (p.softcap > 0) g *= 1.0 - f.t[x] * f.t[x];
+            ds[x] = ar.round(ar.acc(g));
+          }
+        }
+        Matrix dq(static_cast<size_t>(lq * d), 0.0);
+        for (int64_t i = 0; i < lq; ++i)
+          for (int64_t c = 0; c < d; ++c) {
+            Real acc = 0;
+            for (int64_t j = 0; j < lk; ++j) acc = ar.acc(acc + ds[i * lk + j] * k_[j * d + c]);
+            dq[i * d + c] = ar.round(ar.acc(acc * p.scale));
+          }
+        scatter(p.dq, b, p.q_start(b), lq, h, d, dq);
+        for (int64_t j = 0; j < lk; ++j) {
+          for (int64_t c = 0; c < d; ++c) {
+            Real acc = 0;
+            for (int64_t i = 0; i < lq; ++i) acc = ar.acc(acc + ds[i * lk + j] * q_[i * d + c]);
+            dk[j * d + c] = ar.acc(dk[j * d + c] + ar.acc(acc * p.scale));
+          }
+          for (int64_t c = 0; c < dv; ++c) {
+            Real acc = 0;
+            for (int64_t i = 0; i < lq; ++i)
+              acc = ar.acc(acc + ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * go[i * dv + c]);
+            dvm[j * dv + c] = ar.acc(dvm[j * dv + c] + acc);
+          }
+        }
+      }
+      for (auto& x : dk) x = ar.round(x);
+      for (auto& x : dvm) x = ar.round(x);
+      scatter(p.dk, b, p.k_start(b), lk, hk, d, dk);
+      scatter(p.dv, b, p.k_start(b), lk, hk, dv, dvm);
+    }
+  if (p.dsinks)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      reinterpret_cast<double*>(p.dsinks)[h * p.dsinks_stride] = dsinks[static_cast<size_t>(h)];
+}
+
+}  // namespace flashgrad::reference

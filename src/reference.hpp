@@ -1,0 +1,28 @@
+// The reference: materialized attention, written as plainly as the equation in
+// flashgrad.hpp. In f64 it is the spec and the oracle; in the storage
+// precision it is the "naive same-precision computation" whose error sets the
+// kernels' tolerance (each product rounded to the storage dtype, as a
+// framework's unfused attention would).
+#pragma once
+
+#include <cstdint>
+
+#include "flashgrad/flashgrad.hpp"
+
+namespace flashgrad::reference {
+
+enum class Precision { f64, storage };
+
+// As flashgrad::forward, but out and lse are f64 views. keep: u8
+// [batch, heads_q, seqlen_q, seqlen_k] contiguous (longest sequences when
+// varlen), or null to use the kernels' dropout mask.
+void forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+             const TensorView& out, const TensorView& lse, Precision prec,
+             const uint8_t* keep = nullptr);
+
+// Gradients of sum(out * dout), recomputing out and lse itself; all grads f64.
+void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& dout, const Grads& grads, Precision prec,
+              const uint8_t* keep = nullptr);
+
+}  // namespace flashgrad::reference

@@ -1,0 +1,87 @@
+#include "tiling.hpp"
+
+#include <algorithm>
+
+namespace flashgrad {
+namespace {
+
+// Keep the working set of one tile step (Q, K, V, S, O tiles) near L2 size
+// (1 MiB per Zen 4 core): 64 x 64 tiles up to d = 128, shorter query tiles
+// beyond, so that d = 512 still fits.
+void choose_blocks(const AttnParams& p, TilePlan& t) {
+  const int64_t d = std::max(p.head_dim, p.head_dim_v);
+  t.block_k = 64;
+  t.block_q = d <= 128 ? 64 : (d <= 256 ? 32 : 16);
+  t.acc_bytes = p.dtype == DType::f64 ? 8 : 4;
+  t.dqk_pad = round_up(p.head_dim, kPad);
+  t.dv_pad = round_up(p.head_dim_v, kPad);
+  t.bq_pad = round_up(t.block_q, kPad);
+  t.bk_pad = round_up(t.block_k, kPad);
+  t.threads = std::max(1, p.num_threads);
+}
+
+// Lays out consecutive buffers, each rounded to kAlign bytes.
+struct Carver {
+  int64_t acc_bytes;
+  int64_t at = 0;
+  int64_t take(int64_t elems) {
+    const int64_t off = at;
+    at += round_up(elems * acc_bytes, kAlign) / acc_bytes;
+    return off;
+  }
+};
+
+}  // namespace
+
+TilePlan plan_forward(const AttnParams& p) {
+  TilePlan t;
+  choose_blocks(p, t);
+  Carver c{t.acc_bytes};
+  auto& f = t.fwd;
+  f.q = c.take(t.block_q * t.dqk_pad);
+  f.kt = c.take(t.dqk_pad * t.bk_pad);
+  f.v = c.take(t.block_k * t.dv_pad);
+  f.s = c.take(t.block_q * t.bk_pad);
+  f.o = c.take(t.block_q * t.dv_pad);
+  f.row_m = c.take(t.block_q);
+  f.row_l = c.take(t.block_q);
+  f.row_lo = c.take(t.block_q * 8 / t.acc_bytes);
+  f.row_hi = c.take(t.block_q * 8 / t.acc_bytes);
+  f.total = c.at;
+  t.per_thread_bytes = round_up(f.total * t.acc_bytes, kAlign);
+  t.shared_bytes = 0;
+  return t;
+}
+
+TilePlan plan_backward(const AttnParams& p) {
+  TilePlan t;
+  choose_blocks(p, t);
+  Carver c{t.acc_bytes};
+  auto& g = t.bwd;
+  const int64_t bq = t.block_q, bk = t.block_k;
+  const int64_t bqp = t.bq_pad, bkp = t.bk_pad;
+  g.k = c.take(bk * t.dqk_pad);
+  g.kt = c.take(t.dqk_pad * bkp);
+  g.vt = c.take(t.dv_pad * bkp);
+  g.q = c.take(bq * t.dqk_pad);
+  g.dout = c.take(bq * t.dv_pad);
+  g.s = c.take(bq * bkp);
+  g.dp = c.take(bq * bkp);
+  g.t = c.take(bq * bkp);
+  g.st = c.take(bk * bqp);
+  g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
+  g.acc_b = c.take(bk * t.dv_pad);
+  g.row_a = c.take(bq);
+  g.row_b = c.take(bq);
+  g.row_lo = c.take(bq * 8 / t.acc_bytes);
+  g.row_hi = c.take(bq * 8 / t.acc_bytes);
+  g.total = c.at;
+  t.per_thread_bytes = round_up(g.total * t.acc_bytes, kAlign);
+  // delta [batch, heads_q, seqlen_q] and one dsinks partial per (batch, head, query block).
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, t.block_q);
+  t.shared_bytes = round_up(rows * t.acc_bytes, kAlign) + round_up(blocks * 8, kAlign);
+  return t;
+}
+
+}  // namespace flashgrad

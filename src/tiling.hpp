@@ -1,0 +1,51 @@
+// Tile sizes and the workspace layout, chosen in one place for the API (which
+// allocates) and the kernels (which carve the allocation the same way).
+#pragma once
+
+#include <cstdint>
+
+#include "params.hpp"
+
+namespace flashgrad {
+
+// Tile widths are padded to this many elements so that the tile product can
+// always run full vector widths; the padding is zero-filled or ignored.
+constexpr int64_t kPad = 32;
+constexpr int64_t kAlign = 64;  // bytes
+constexpr int64_t kMaxBlockK = 64;  // upper bound of TilePlan::block_k (stack buffers)
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// Per-thread buffers, in elements of the accumulation type (float or double).
+// Offsets are in elements from the start of the thread's slice.
+struct ForwardScratch {
+  int64_t q, kt, v, s, o, row_m, row_l, row_lo, row_hi, total;
+};
+struct BackwardScratch {
+  // The dK/dV pass (a task owns a key block) and the dQ pass (a task owns a
+  // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles, st is a
+  // transposed one [block_k, bq_pad]; acc_a holds dK or dQ, acc_b holds dV.
+  int64_t k, kt, vt, q, dout, s, dp, t, st, acc_a, acc_b, row_a, row_b, row_lo, row_hi, total;
+};
+
+struct TilePlan {
+  int64_t block_q = 64;
+  int64_t block_k = 64;
+  int64_t dqk_pad = 0;  ///< head_dim padded to kPad
+  int64_t dv_pad = 0;   ///< head_dim_v padded to kPad
+  int64_t bq_pad = 0;
+  int64_t bk_pad = 0;
+  int64_t acc_bytes = 4;  ///< 8 for f64 storage
+  int threads = 1;
+  ForwardScratch fwd{};
+  BackwardScratch bwd{};
+  int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned
+  int64_t shared_bytes = 0;      ///< O(seqlen) vectors (delta, dsinks partials)
+  int64_t total_bytes() const { return per_thread_bytes * threads + shared_bytes; }
+};
+
+TilePlan plan_forward(const AttnParams& p);
+TilePlan plan_backward(const AttnParams& p);
+
+}  // namespace flashgrad

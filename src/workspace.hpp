@@ -1,0 +1,27 @@
+// The per-call workspace: one aligned allocation sized by the TilePlan.
+#pragma once
+
+#include <cstdint>
+
+#include "flashgrad/flashgrad.hpp"
+
+namespace flashgrad {
+
+class Workspace {
+ public:
+  // Throws Error naming fn when the allocation fails, or when it exceeds
+  // FLASHGRAD_WORKSPACE_LIMIT bytes (a limit for tests and constrained hosts).
+  Workspace(const char* fn, int64_t bytes);
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// Sets every element of a 4-D f32 or f64 view to 0.
+void zero_strided(const TensorView& t);
+
+}  // namespace flashgrad

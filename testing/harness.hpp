@@ -1,0 +1,99 @@
+// One description of an attention problem (Case) shared by the tests, the
+// CLI's `check` and the benchmarks: it builds the tensors, runs the kernels
+// and the references, and applies the tolerance rule
+//   err(kernel) <= 2 * err(naive, same precision) + noise
+// where both errors are max-abs against the f64 reference and noise is
+// flash-attn's rounding noise: 2 * max |((ref + 0.3) - 0.3) - ref| computed in
+// the storage dtype.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flashgrad/flashgrad.hpp"
+
+namespace flashgrad::testing {
+
+enum class Layout { bshd, bhsd, padded };  // padded: rows padded and head_dim strided by 2
+enum class BiasKind { none, full, bcast_batch, bcast_heads, key_row };  // key_row: [B, 1, 1, Lk]
+enum class MaskKind { none, full, bcast_batch, key_padding };
+
+struct Case {
+  std::string name;
+  DType dtype = DType::f32;
+  int64_t batch = 1, seqlen_q = 8, seqlen_k = 8, heads_q = 1, heads_kv = 1;
+  int64_t head_dim = 16, head_dim_v = 16;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  double softmax_scale = 0.0;  // 0: default
+  bool alibi = false;
+  BiasKind bias = BiasKind::none;
+  DType bias_dtype = DType::f32;
+  bool dbias = false;
+  MaskKind mask = MaskKind::none;
+  bool sinks = false;
+  std::vector<int32_t> seqlens_q, seqlens_k;  // non-empty: varlen (batch = size)
+  double dropout_p = 0.0;
+  uint64_t seed = 1234;
+  Layout layout = Layout::bshd;
+  int num_threads = 0;
+  double input_scale = 1.0;  // q/k magnitude, for extreme-logit cases
+
+  bool varlen() const { return !seqlens_q.empty(); }
+  double forward_flops() const;  // 4 * B * Hq * Lq * Lk * d (halved when causal)
+  std::string describe() const;
+};
+
+// A tensor that owns its bytes; view() may be strided inside them.
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  TensorView view;
+  bool present() const { return view.ndim > 0; }
+};
+
+struct Problem {
+  Case c;
+  Buffer q, k, v, dout, bias, mask, alibi, sinks, cu_q, cu_k;
+  Options opts;
+};
+
+struct Outputs {
+  Buffer out, lse, dq, dk, dv, dsinks, dbias;
+};
+
+Problem make_problem(const Case& c);
+
+// Allocates outputs shaped for the problem: storage dtype (f64 for references).
+Outputs make_outputs(const Problem& p, bool f64);
+
+// Kernel forward, then kernel backward from the kernel's out and lse.
+void run_kernels(const Problem& p, Outputs& o, bool backward = true);
+void run_reference(const Problem& p, Outputs& o, bool naive, bool backward = true);
+
+// Logical-order values of a view, as doubles.
+std::vector<double> dense(const Buffer& b);
+
+struct TensorError {
+  std::string name;
+  double err_kernel = 0, err_naive = 0, noise = 0, max_ref = 0;
+  bool pass = true;
+  double bound() const { return 2 * err_naive + noise; }
+};
+
+struct Report {
+  std::vector<TensorError> tensors;
+  bool pass() const;
+  std::string table() const;
+};
+
+// Runs kernels and both references, and applies the rule to every output.
+Report check_case(const Case& c, bool backward = true);
+
+// The matrix the CLI's `check` and the tests draw from.
+std::vector<Case> edge_cases();
+Case random_case(uint64_t seed);
+
+}  // namespace flashgrad::testing
