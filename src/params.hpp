@@ -66,7 +66,7 @@ struct AttnParams {
 
   const float* sinks = nullptr;  ///< sinks[h * sinks_stride]
   int64_t sinks_stride = 0;
-  void* dsinks = nullptr;  ///< f32 (or f64 with f64 storage) [heads_q]
+  void* dsinks = nullptr;  ///< f32 (or f64 with f64 storage; f64 for the reference) [heads_q]
   DType dsinks_dtype = DType::f32;
   int64_t dsinks_stride = 0;
 

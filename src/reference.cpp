@@ -43,6 +43,8 @@ Real read(const void* base, DType t, int64_t off) {
 struct Arith {
   DType storage;
   bool naive;
+  bool reversed;  // sums run last-to-first: a second, equally valid naive order
+  int64_t at(int64_t n, int64_t count) const { return reversed ? count - 1 - n : n; }
   Real round(Real x) const {
     if (!naive) return x;
     switch (storage) {
@@ -85,7 +87,10 @@ Matrix abt(const Arith& ar, const Matrix& a, const Matrix& b, int64_t n, int64_t
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < m; ++j) {
       Real s = 0;
-      for (int64_t x = 0; x < k; ++x) s = ar.acc(s + a[i * k + x] * b[j * k + x]);
+      for (int64_t n_ = 0; n_ < k; ++n_) {
+        const int64_t x = ar.at(n_, k);
+        s = ar.acc(s + a[i * k + x] * b[j * k + x]);
+      }
       c[i * m + j] = ar.round(ar.acc(s * scale));
     }
   return c;
@@ -152,7 +157,8 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
       continue;
     }
     Real sum = p.sinks ? ar.acc(std::exp(sink - m)) : 0.0;
-    for (int64_t j = 0; j < lk; ++j) sum = ar.acc(sum + ar.acc(std::exp(f.s[i * lk + j] - m)));
+    for (int64_t n_ = 0; n_ < lk; ++n_)
+      sum = ar.acc(sum + ar.acc(std::exp(f.s[i * lk + ar.at(n_, lk)] - m)));
     f.lse[i] = ar.acc(m + ar.acc(std::log(sum)));
     for (int64_t j = 0; j < lk; ++j) f.p[i * lk + j] = ar.acc(std::exp(f.s[i * lk + j] - f.lse[i]));
   }
@@ -160,14 +166,18 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
   for (int64_t i = 0; i < lq; ++i)
     for (int64_t c = 0; c < dv; ++c) {
       Real acc = 0;
-      for (int64_t j = 0; j < lk; ++j)
+      for (int64_t n_ = 0; n_ < lk; ++n_) {
+        const int64_t j = ar.at(n_, lk);
         acc = ar.acc(acc + ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * v[j * dv + c]);
+      }
       f.out[i * dv + c] = ar.round(acc);
     }
   return f;
 }
 
-Arith arith(const AttnParams& p, Precision prec) { return Arith{p.dtype, prec == Precision::storage}; }
+Arith arith(const AttnParams& p, Precision prec) {
+  return Arith{p.dtype, prec != Precision::f64, prec == Precision::storage_reversed};
+}
 
 std::vector<uint8_t> keep_mask(const AttnParams& p, const uint8_t*& keep) {
   std::vector<uint8_t> owned;
@@ -196,76 +206,139 @@ void forward(const Options& opts, const TensorView& q, const TensorView& k, cons
     }
 }
 
+namespace {
+
+Matrix absolute(Matrix m) {
+  for (auto& x : m) x = std::fabs(x);
+  return m;
+}
+
+// dS for one head, w.r.t. the pre-softcap score (ds) and w.r.t. the bias
+// (ds_bias, before the softcap factor), and delta = rowsum(dout * out).
+// In noise mode each is instead the first-order rounding noise of computing
+// dP and delta as separate sums, P * (u_acc sum |dout v| z + u_out sum |dout out|)
+// with u_acc the accumulation's unit roundoff and u_out that of the stored out
+// that delta is built from: dS = P (dP - delta) cancels, so its error scales
+// with the terms, not with dS.
+struct HeadBackward {
+  Matrix ds, ds_bias;
+  std::vector<Real> delta;
+};
+
+HeadBackward head_backward(const AttnParams& p, const Arith& ar, const HeadForward& f, const Matrix& go,
+                           const Matrix& v, bool noise) {
+  const int64_t lq = f.lq, lk = f.lk, dv = p.head_dim_v;
+  const int mant = p.dtype == DType::f64 ? 52 : p.dtype == DType::f32 ? 23 : p.dtype == DType::bf16 ? 7 : 10;
+  const Real u_acc = std::ldexp(Real(1), p.dtype == DType::f64 ? -53 : -24);
+  const Real u_out = std::ldexp(Real(1), -mant - 1);
+  HeadBackward g;
+  g.ds.assign(static_cast<size_t>(lq * lk), 0);
+  g.ds_bias.assign(g.ds.size(), 0);
+  g.delta.assign(static_cast<size_t>(lq), 0);
+  const Matrix dpd = noise ? abt(ar, absolute(go), absolute(v), lq, lk, dv, 1) : abt(ar, go, v, lq, lk, dv, 1);
+  for (int64_t i = 0; i < lq; ++i) {
+    Real delta = 0;
+    // Always in forward order: the reversed variant then sums delta and
+    // dP = dO V^T in different orders, as a kernel does, instead of
+    // cancelling exactly in rows with a single visible key.
+    for (int64_t c = 0; c < dv; ++c) {
+      const Real term = go[i * dv + c] * f.out[i * dv + c];
+      delta = ar.acc(delta + (noise ? std::fabs(term) : term));
+    }
+    g.delta[static_cast<size_t>(i)] = noise ? u_out * delta : delta;
+    for (int64_t j = 0; j < lk; ++j) {
+      const int64_t x = i * lk + j;
+      const Real gb = noise ? f.p[x] * (u_acc * dpd[x] * f.z[x] + u_out * delta)
+                            : f.p[x] * (dpd[x] * f.z[x] - delta);
+      const Real cap = p.softcap > 0 ? 1 - f.t[x] * f.t[x] : 1;
+      g.ds_bias[x] = ar.acc(gb);
+      g.ds[x] = ar.round(ar.acc(gb * cap));
+    }
+  }
+  return g;
+}
+
+// out[r, c] = scale * sum_n a[n, r] b[n, c] over n < count, where a is [count, rows]
+// read with (row, n) -> a_at(n, r); sums in the Arith's order and precision.
+template <typename At>
+Matrix reduce(const Arith& ar, int64_t rows, int64_t cols, int64_t count, At a_at, const Matrix& b, Real scale) {
+  Matrix out(static_cast<size_t>(rows * cols), 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      Real acc = 0;
+      for (int64_t n_ = 0; n_ < count; ++n_) {
+        const int64_t n = ar.at(n_, count);
+        acc = ar.acc(acc + a_at(n, r) * b[n * cols + c]);
+      }
+      out[r * cols + c] = ar.acc(acc * scale);
+    }
+  return out;
+}
+
+void zero_dbias(const Grads& grads) {
+  const TensorView& g = *grads.dbias;
+  auto* db = static_cast<double*>(g.data);
+  for (int64_t a = 0; a < g.shape[0]; ++a)
+    for (int64_t b = 0; b < g.shape[1]; ++b)
+      for (int64_t i = 0; i < g.shape[2]; ++i)
+        for (int64_t j = 0; j < g.shape[3]; ++j)
+          db[a * g.strides[0] + b * g.strides[1] + i * g.strides[2] + j * g.strides[3]] = 0;
+}
+
+void add_dbias(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, const HeadBackward& g, int64_t lq,
+               int64_t lk) {
+  const auto& o = p.dbias;
+  for (int64_t i = 0; i < lq; ++i)
+    for (int64_t j = 0; j < lk; ++j) {
+      double& slot = static_cast<double*>(o.data)[(o.batch == 1 ? 0 : b) * o.stride[0] +
+                                                  (o.heads == 1 ? 0 : h) * o.stride[1] + i * o.stride[2] +
+                                                  j * o.stride[3]];
+      slot = static_cast<double>(ar.acc(slot + g.ds_bias[i * lk + j]));
+    }
+}
+
+}  // namespace
+
 void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
               const TensorView& dout, const Grads& grads, Precision prec, const uint8_t* keep) {
   CallTensors t{&q, &k, &v, nullptr, nullptr, &dout, &grads};
   const AttnParams p = make_params("reference::backward", CallKind::reference_backward, opts, t);
   const auto owned = keep_mask(p, keep);
-  const Arith ar = arith(p, prec);
+  const bool noise = prec == Precision::noise;
+  const Arith ar = arith(p, noise ? Precision::f64 : prec);
   const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   std::vector<Real> dsinks(static_cast<size_t>(p.heads_q), 0.0);
-  if (p.dbias.data) {
-    auto* db = static_cast<double*>(p.dbias.data);
-    const TensorView& g = *grads.dbias;
-    for (int64_t a = 0; a < g.shape[0]; ++a)
-      for (int64_t b = 0; b < g.shape[1]; ++b)
-        for (int64_t i = 0; i < g.shape[2]; ++i)
-          for (int64_t j = 0; j < g.shape[3]; ++j)
-            db[a * g.strides[0] + b * g.strides[1] + i * g.strides[2] + j * g.strides[3]] = 0;
-  }
+  if (p.dbias.data) zero_dbias(grads);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const int64_t lk = p.len_k(b), lq = p.len_q(b);
       Matrix dk(static_cast<size_t>(lk * d), 0.0), dvm(static_cast<size_t>(lk * dv), 0.0);
-      const Matrix k_ = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
+      Matrix k_ = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
       const Matrix v_ = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
+      if (noise) k_ = absolute(k_);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const HeadForward f = head_forward(p, ar, b, h, keep);
-        const Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
+        Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
+        if (noise) q_ = absolute(q_);
         const Matrix go = gather(p, p.dout, p.dtype, b, p.q_start(b), lq, h, dv);
-        const Matrix dpd = abt(ar, go, v_, lq, lk, dv, 1.0);  // dO V^T
-        Matrix ds(static_cast<size_t>(lq * lk), 0.0);
-        for (int64_t i = 0; i < lq; ++i) {
-          Real delta = 0;
-          for (int64_t c = 0; c < dv; ++c) delta = ar.acc(delta + go[i * dv + c] * f.out[i * dv + c]);
-          if (p.sinks && f.lse[i] > -std::numeric_limits<Real>::infinity())
-            dsinks[static_cast<size_t>(h)] = ar.acc(
-                dsinks[static_cast<size_t>(h)] - ar.acc(std::exp(p.sinks[h * p.sinks_stride] - f.lse[i]) * delta));
-          for (int64_t j = 0; j < lk; ++j) {
-            const int64_t x = i * lk + j;
-            Real g = f.p[x] * (dpd[x] * f.z[x] - delta);
-            if (p.dbias.data) {
-              const auto& o = p.dbias;
-              double& slot = static_cast<double*>(o.data)[(o.batch == 1 ? 0 : b) * o.stride[0] +
-                                                          (o.heads == 1 ? 0 : h) * o.stride[1] +
-                                                          i * o.stride[2] + j * o.stride[3]];
-              slot = static_cast<double>(ar.acc(slot + g));
-            }
-            if (p.softcap > 0) g *= 1.0 - f.t[x] * f.t[x];
-            ds[x] = ar.round(ar.acc(g));
+        const HeadBackward g = head_backward(p, ar, f, go, v_, noise);
+        if (p.sinks)
+          for (int64_t i = 0; i < lq; ++i) {
+            if (f.lse[i] == -std::numeric_limits<Real>::infinity()) continue;
+            const Real term = std::exp(p.sinks[h * p.sinks_stride] - f.lse[i]) * g.delta[static_cast<size_t>(i)];
+            Real& acc = dsinks[static_cast<size_t>(h)];
+            acc = ar.acc(acc + (noise ? term : -ar.acc(term)));
           }
-        }
-        Matrix dq(static_cast<size_t>(lq * d), 0.0);
-        for (int64_t i = 0; i < lq; ++i)
-          for (int64_t c = 0; c < d; ++c) {
-            Real acc = 0;
-            for (int64_t j = 0; j < lk; ++j) acc = ar.acc(acc + ds[i * lk + j] * k_[j * d + c]);
-            dq[i * d + c] = ar.round(ar.acc(acc * p.scale));
-          }
+        if (p.dbias.data) add_dbias(p, ar, b, h, g, lq, lk);
+        Matrix dq = reduce(ar, lq, d, lk, [&](int64_t j, int64_t i) { return g.ds[i * lk + j]; }, k_, p.scale);
+        for (auto& x : dq) x = ar.round(x);
         scatter(p.dq, b, p.q_start(b), lq, h, d, dq);
-        for (int64_t j = 0; j < lk; ++j) {
-          for (int64_t c = 0; c < d; ++c) {
-            Real acc = 0;
-            for (int64_t i = 0; i < lq; ++i) acc = ar.acc(acc + ds[i * lk + j] * q_[i * d + c]);
-            dk[j * d + c] = ar.acc(dk[j * d + c] + ar.acc(acc * p.scale));
-          }
-          for (int64_t c = 0; c < dv; ++c) {
-            Real acc = 0;
-            for (int64_t i = 0; i < lq; ++i)
-              acc = ar.acc(acc + ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * go[i * dv + c]);
-            dvm[j * dv + c] = ar.acc(dvm[j * dv + c] + acc);
-          }
-        }
+        const Matrix dkh = reduce(ar, lk, d, lq, [&](int64_t i, int64_t j) { return g.ds[i * lk + j]; }, q_, p.scale);
+        for (size_t x = 0; x < dk.size(); ++x) dk[x] = ar.acc(dk[x] + dkh[x]);
+        if (noise) continue;  // P^T dO has no cancellation: its noise is the naive error's
+        const Matrix dvh = reduce(
+            ar, lk, dv, lq, [&](int64_t i, int64_t j) { return ar.round(f.p[i * lk + j] * f.z[i * lk + j]); }, go, 1);
+        for (size_t x = 0; x < dvm.size(); ++x) dvm[x] = ar.acc(dvm[x] + dvh[x]);
       }
       for (auto& x : dk) x = ar.round(x);
       for (auto& x : dvm) x = ar.round(x);
@@ -274,7 +347,7 @@ void backward(const Options& opts, const TensorView& q, const TensorView& k, con
     }
   if (p.dsinks)
     for (int64_t h = 0; h < p.heads_q; ++h)
-      reinterpret_cast<double*>(p.dsinks)[h * p.dsinks_stride] = dsinks[static_cast<size_t>(h)];
+      static_cast<double*>(p.dsinks)[h * p.dsinks_stride] = static_cast<double>(dsinks[static_cast<size_t>(h)]);
 }
 
 }  // namespace flashgrad::reference

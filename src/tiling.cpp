@@ -43,8 +43,10 @@ TilePlan plan_forward(const AttnParams& p) {
   f.v = c.take(t.block_k * t.dv_pad);
   f.s = c.take(t.block_q * t.bk_pad);
   f.o = c.take(t.block_q * t.dv_pad);
+  f.pv = c.take(t.block_q * t.dv_pad);
   f.row_m = c.take(t.block_q);
   f.row_l = c.take(t.block_q);
+  f.row_alpha = c.take(t.block_q);
   f.row_lo = c.take(t.block_q * 8 / t.acc_bytes);
   f.row_hi = c.take(t.block_q * 8 / t.acc_bytes);
   f.total = c.at;
@@ -71,6 +73,7 @@ TilePlan plan_backward(const AttnParams& p) {
   g.st = c.take(bk * bqp);
   g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
   g.acc_b = c.take(bk * t.dv_pad);
+  g.tmp = c.take(std::max(bk, bq) * std::max(t.dqk_pad, t.dv_pad));
   g.row_a = c.take(bq);
   g.row_b = c.take(bq);
   g.row_lo = c.take(bq * 8 / t.acc_bytes);

@@ -290,8 +290,7 @@ void run_kernels(const Problem& p, Outputs& o, bool backward) {
                         grads_of(o));
 }
 
-void run_reference(const Problem& p, Outputs& o, bool naive, bool backward) {
-  const auto prec = naive ? reference::Precision::storage : reference::Precision::f64;
+void run_reference(const Problem& p, Outputs& o, reference::Precision prec, bool backward) {
   reference::forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, prec);
   if (backward)
     reference::backward(p.opts, p.q.view, p.k.view, p.v.view, p.dout.view, grads_of(o), prec);
@@ -304,6 +303,16 @@ std::vector<double> dense(const Buffer& b) {
   for_each(b.view, [&](int64_t off) { out.push_back(get(b.view, off)); });
   return out;
 }
+
+std::vector<int64_t> offsets(const TensorView& v) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(v.numel()));
+  for_each(v, [&](int64_t off) { out.push_back(off); });
+  return out;
+}
+
+double read(const TensorView& v, int64_t offset) { return get(v, offset); }
+void write(const TensorView& v, int64_t offset, double x) { put(v, offset, x); }
 
 namespace {
 
@@ -338,36 +347,43 @@ std::string Report::table() const {
 }
 
 Report check_case(const Case& c, bool backward) {
+  using reference::Precision;
   const Problem p = make_problem(c);
-  Outputs ker = make_outputs(p, false), ref = make_outputs(p, true), nai = make_outputs(p, true);
+  Outputs ker = make_outputs(p, false), ref = make_outputs(p, true);
+  Outputs nai = make_outputs(p, true), rev = make_outputs(p, true), noise = make_outputs(p, true);
   run_kernels(p, ker, backward);
-  run_reference(p, ref, false, backward);
-  run_reference(p, nai, true, backward);
+  run_reference(p, ref, Precision::f64, backward);
+  run_reference(p, nai, Precision::storage, backward);
+  run_reference(p, rev, Precision::storage_reversed, backward);
+  if (backward)
+    reference::backward(p.opts, p.q.view, p.k.view, p.v.view, p.dout.view, grads_of(noise), Precision::noise);
   Report r;
-  auto add = [&](const char* name, const Buffer& k, const Buffer& e, const Buffer& n, DType storage) {
+  auto add = [&](const char* name, const Buffer& k, const Buffer& e, const Buffer& n, const Buffer& nr,
+                 DType storage, const Buffer* cancellation = nullptr) {
     if (!k.present()) return;
     TensorError t;
     t.name = name;
-    const auto kd = dense(k), ed = dense(e), nd = dense(n);
+    const auto kd = dense(k), ed = dense(e);
     for (double x : ed)
       if (std::isfinite(x)) t.max_ref = std::max(t.max_ref, std::fabs(x));
     t.err_kernel = max_err(kd, ed);
-    t.err_naive = max_err(nd, ed);
+    t.err_naive = std::max(max_err(dense(n), ed), max_err(dense(nr), ed));
     t.noise = rounding_noise(storage, ed);
+    if (cancellation)
+      for (double x : dense(*cancellation)) t.noise = std::max(t.noise, x);
     t.pass = t.err_kernel <= t.bound();
     r.tensors.push_back(t);
   };
-  add("out", ker.out, ref.out, nai.out, c.dtype);
   const DType acc_t = c.dtype == DType::f64 ? DType::f64 : DType::f32;
-  add("lse", ker.lse, ref.lse, nai.lse, acc_t);
+  add("out", ker.out, ref.out, nai.out, rev.out, c.dtype);
+  add("lse", ker.lse, ref.lse, nai.lse, rev.lse, acc_t);
   if (backward) {
-    add("dq", ker.dq, ref.dq, nai.dq, c.dtype);
-    add("dk", ker.dk, ref.dk, nai.dk, c.dtype);
-    add("dv", ker.dv, ref.dv, nai.dv, c.dtype);
-    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, acc_t);
-    add("dbias", ker.dbias, ref.dbias, nai.dbias, acc_t);
+    add("dq", ker.dq, ref.dq, nai.dq, rev.dq, c.dtype, &noise.dq);
+    add("dk", ker.dk, ref.dk, nai.dk, rev.dk, c.dtype, &noise.dk);
+    add("dv", ker.dv, ref.dv, nai.dv, rev.dv, c.dtype);
+    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, rev.dsinks, acc_t, &noise.dsinks);
+    add("dbias", ker.dbias, ref.dbias, nai.dbias, rev.dbias, acc_t, &noise.dbias);
   }
   return r;
 }
-
 }  // namespace flashgrad::testing

@@ -2,9 +2,11 @@
 // CLI's `check` and the benchmarks: it builds the tensors, runs the kernels
 // and the references, and applies the tolerance rule
 //   err(kernel) <= 2 * err(naive, same precision) + noise
-// where both errors are max-abs against the f64 reference and noise is
-// flash-attn's rounding noise: 2 * max |((ref + 0.3) - 0.3) - ref| computed in
-// the storage dtype.
+// where both errors are max-abs against the f64 reference and the naive error
+// is the worse of two summation orders. noise is the largest of flash-attn's
+// rounding noise, 2 * max |((ref + 0.3) - 0.3) - ref| in the storage dtype,
+// one ulp of max |ref|, and for dQ, dK, dsinks and dbias the rounding noise
+// of the cancellation dS = P * (dP - delta) (reference::Precision::noise).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
+#include "reference.hpp"
 
 namespace flashgrad::testing {
 
@@ -71,10 +74,14 @@ Outputs make_outputs(const Problem& p, bool f64);
 
 // Kernel forward, then kernel backward from the kernel's out and lse.
 void run_kernels(const Problem& p, Outputs& o, bool backward = true);
-void run_reference(const Problem& p, Outputs& o, bool naive, bool backward = true);
+void run_reference(const Problem& p, Outputs& o, reference::Precision prec, bool backward = true);
 
 // Logical-order values of a view, as doubles.
 std::vector<double> dense(const Buffer& b);
+// Element offsets of a view in logical (row-major index) order.
+std::vector<int64_t> offsets(const TensorView& v);
+double read(const TensorView& v, int64_t offset);
+void write(const TensorView& v, int64_t offset, double x);  // rounds to v's dtype
 
 struct TensorError {
   std::string name;

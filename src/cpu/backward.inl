@@ -119,7 +119,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, bqp = plan.bq_pad;
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
-  Acc *st = ws.at(L.st), *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b);
+  Acc *st = ws.at(L.st), *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp);
   load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt);
   load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt);
   for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
@@ -136,9 +136,11 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       load_query_block<T>(p, plan, ctx, delta_all, qb);
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
       transpose(qb.mq, nj, s, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, dv, ldv, true);  // dV += P^T dO
+      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, tmp, ldv, false);  // dV += P^T dO
+      scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);
       transpose(qb.mq, nj, dp, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, dk, ldq, true);  // dK += dS^T (scale Q)
+      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, tmp, ldq, false);  // dK += dS^T (scale Q)
+      scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
     }
   }
   T* dkp = static_cast<T*>(p.dk.data);
@@ -160,7 +162,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
   const int64_t ldq = plan.dqk_pad, lds = plan.bk_pad;
   const auto& L = plan.bwd;
   Acc *k = ws.at(L.k), *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp);
-  Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a);
+  Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a), *tmp = ws.at(L.tmp);
   row_ranges(ctx, qb);
   load_query_block<T>(p, plan, ctx, delta_all, qb);
   for (int64_t x = 0; x < qb.mq * ldq; ++x) dq[x] = Acc(0);
@@ -181,7 +183,8 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, dq, ldq, true);  // dQ += dS K
+    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, tmp, ldq, false);  // dQ += dS K
+    scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq, ldq);
   }
   T* dqp = static_cast<T*>(p.dq.data);
   const int64_t q0 = p.q_start(b);

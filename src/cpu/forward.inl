@@ -51,7 +51,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, lds = plan.bk_pad;
   const auto& L = plan.fwd;
   Acc *q = ws.at(L.q), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
-  Acc *m = ws.at(L.row_m), *l = ws.at(L.row_l);
+  Acc *pv = ws.at(L.pv), *m = ws.at(L.row_m), *l = ws.at(L.row_l), *alpha = ws.at(L.row_alpha);
   int64_t *lo = ws.idx(L.row_lo), *hi = ws.idx(L.row_hi);
   uint8_t keep[kMaxBlockK];
 
@@ -81,20 +81,20 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       // A row with no visible key so far keeps max -inf; subtracting 0 then
       // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
       const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
-      const Acc alpha = exp_acc(m[r] - mref);
+      alpha[r] = exp_acc(m[r] - mref);
       Acc sum = 0;
       for (int64_t jj = 0; jj < nj; ++jj) {
         const Acc e = exp_acc(srow[jj] - mref);
         srow[jj] = e;
         sum += e;
       }
-      l[r] = l[r] * alpha + sum;
+      l[r] = l[r] * alpha[r] + sum;
       m[r] = mx;
-      Acc* orow = o + r * ldv;
-      for (int64_t c = 0; c < ldv; ++c) orow[c] *= alpha;
       ctx.dropout_row(i0 + r, j0, nj, keep, srow);
     }
-    gemm_nn(mq, ldv, nj, s, lds, v, ldv, o, ldv, true);
+    // o = o * alpha + P V, with P V summed on its own first (blocked summation).
+    gemm_nn(mq, ldv, nj, s, lds, v, ldv, pv, ldv, false);
+    scale_add(mq, ldv, alpha, pv, o, ldv);
   }
 
   T* out = static_cast<T*>(p.out.data);

@@ -166,6 +166,22 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t lda, 
       gemm_block<Acc, 1, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
 }
 
+// acc[r, 0..n) = acc[r, 0..n) * row_scale[r] + add[r, 0..n) (row_scale null: 1).
+template <typename Acc>
+inline void scale_add(int64_t rows, int64_t n, const Acc* row_scale, const Acc* add, Acc* acc,
+                      int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    Acc* a = acc + r * ld;
+    const Acc* x = add + r * ld;
+    if (row_scale) {
+      const Acc sc = row_scale[r];
+      for (int64_t c = 0; c < n; ++c) a[c] = a[c] * sc + x[c];
+    } else {
+      for (int64_t c = 0; c < n; ++c) a[c] += x[c];
+    }
+  }
+}
+
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
 template <typename Acc>
 inline void transpose(int64_t rows, int64_t cols, const Acc* src, int64_t lds, Acc* dst,

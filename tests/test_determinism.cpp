@@ -1,0 +1,79 @@
+// Results are bitwise identical across runs and thread counts: tasks own
+// their outputs and every reduction has a fixed order.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "dispatch.hpp"
+#include "harness.hpp"
+
+namespace flashgrad::testing {
+namespace {
+
+std::vector<std::vector<unsigned char>> run_bytes(const Case& c) {
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  run_kernels(p, o);
+  std::vector<std::vector<unsigned char>> out;
+  for (const Buffer* b : {&o.out, &o.lse, &o.dq, &o.dk, &o.dv, &o.dsinks, &o.dbias}) out.push_back(b->bytes);
+  return out;
+}
+
+void expect_deterministic(Case c) {
+  const char* env = std::getenv("FLASHGRAD_ISA");
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+    if (env && std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) GTEST_SKIP() << "no " << env;
+  c.num_threads = 1;
+  const auto ref = run_bytes(c);
+  for (int threads : {1, 2, 3}) {
+    c.num_threads = threads;
+    const auto got = run_bytes(c);
+    for (size_t t = 0; t < ref.size(); ++t)
+      EXPECT_TRUE(got[t] == ref[t]) << "output " << t << " differs with " << threads << " threads: " << c.describe();
+  }
+}
+
+Case multi_block() {
+  Case c;
+  c.batch = 2;
+  c.seqlen_q = 200;
+  c.seqlen_k = 300;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.head_dim = 48;
+  c.head_dim_v = 32;
+  return c;
+}
+
+TEST(Determinism, PlainAcrossThreadCounts) { expect_deterministic(multi_block()); }
+
+TEST(Determinism, CausalGqaSinksDropoutBf16) {
+  Case c = multi_block();
+  c.dtype = DType::bf16;
+  c.causal = true;
+  c.sinks = true;
+  c.dropout_p = 0.1;
+  expect_deterministic(c);
+}
+
+TEST(Determinism, BroadcastBiasGradientSumsInFixedOrder) {
+  Case c = multi_block();
+  c.bias = BiasKind::bcast_heads;
+  c.dbias = true;
+  expect_deterministic(c);
+  c.bias = BiasKind::bcast_batch;
+  expect_deterministic(c);
+}
+
+TEST(Determinism, VarlenF16) {
+  Case c = multi_block();
+  c.dtype = DType::f16;
+  c.seqlens_q = {100, 0, 250, 3};
+  c.seqlens_k = {90, 40, 260, 0};
+  c.window_left = 30;
+  expect_deterministic(c);
+}
+
+}  // namespace
+}  // namespace flashgrad::testing

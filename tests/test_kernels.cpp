@@ -1,0 +1,232 @@
+// Kernels against the f64 reference under the tolerance rule (harness.hpp),
+// for O, lse, dQ, dK, dV, dsinks and dbias separately. ctest runs this binary
+// once per ISA (FLASHGRAD_ISA); a path the CPU lacks skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dispatch.hpp"
+#include "harness.hpp"
+
+namespace flashgrad::testing {
+namespace {
+
+void skip_if_isa_missing() {
+  const char* env = std::getenv("FLASHGRAD_ISA");
+  if (!env) return;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+    if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa))
+      GTEST_SKIP() << "this CPU lacks " << env;
+}
+
+void expect_pass(const Case& c) {
+  const Report r = check_case(c);
+  EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_name() << "\n" << r.table();
+}
+
+Case base(DType t = DType::f32) {
+  Case c;
+  c.dtype = t;
+  c.batch = 2;
+  c.seqlen_q = 33;
+  c.seqlen_k = 129;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.head_dim = 40;
+  c.head_dim_v = 24;
+  return c;
+}
+
+std::string dtype_label(DType t) { return dtype_name(t); }
+
+class Kernels : public ::testing::Test {
+ protected:
+  void SetUp() override { skip_if_isa_missing(); }
+};
+
+// Every (Lq, Lk) pair with Lq != Lk, causal and not: block edges below, at
+// and above the 64-wide tiles, and Lq > Lk (causal rows with no key).
+TEST_F(Kernels, SequenceLengthPairs) {
+  for (int64_t lq : {1, 7, 8, 33, 128, 300})
+    for (int64_t lk : {1, 8, 31, 129, 512}) {
+      if (lq == lk) continue;
+      for (bool causal : {false, true}) {
+        Case c = base();
+        c.batch = 1;
+        c.heads_q = 2;
+        c.heads_kv = 1;
+        c.head_dim = 16;
+        c.head_dim_v = 8;
+        c.seqlen_q = lq;
+        c.seqlen_k = lk;
+        c.causal = causal;
+        c.name = "lengths";
+        expect_pass(c);
+      }
+    }
+}
+
+TEST_F(Kernels, HeadDims) {
+  const std::vector<std::pair<int64_t, int64_t>> dims = {{8, 8},     {40, 40},   {64, 64},  {96, 96},
+                                                         {128, 128}, {192, 128}, {256, 256}, {512, 512}};
+  for (auto [d, dv] : dims)
+    for (DType t : {DType::f32, DType::bf16}) {
+      Case c = base(t);
+      c.batch = 1;
+      c.seqlen_q = d >= 256 ? 17 : 33;
+      c.seqlen_k = d >= 256 ? 70 : 129;
+      c.head_dim = d;
+      c.head_dim_v = dv;
+      c.causal = d % 128 == 0;
+      c.name = "head_dim_" + std::to_string(d) + "_" + dtype_label(t);
+      expect_pass(c);
+    }
+}
+
+TEST_F(Kernels, GroupedQueryRatios) {
+  for (int64_t ratio : {1, 4, 8, 16})
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      Case c = base(t);
+      c.batch = 1;
+      c.heads_kv = ratio == 16 ? 1 : 2;
+      c.heads_q = c.heads_kv * ratio;
+      c.seqlen_q = 31;
+      c.seqlen_k = 70;
+      c.causal = ratio % 8 == 0;
+      c.name = "gqa_" + std::to_string(ratio) + "_" + dtype_label(t);
+      expect_pass(c);
+    }
+}
+
+// Each feature alone, in every dtype.
+TEST_F(Kernels, FeaturesAlonePerDtype) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    std::vector<Case> cs;
+    Case c = base(t);
+    c.causal = true; cs.push_back(c);
+    c = base(t); c.window_left = 7; c.window_right = 2; cs.push_back(c);
+    c = base(t); c.window_left = 0; c.window_right = 0; cs.push_back(c);
+    c = base(t); c.softcap = 2.5; c.input_scale = 3.0; cs.push_back(c);
+    c = base(t); c.alibi = true; cs.push_back(c);
+    c = base(t); c.bias = BiasKind::full; c.dbias = true; cs.push_back(c);
+    c = base(t); c.bias = BiasKind::bcast_batch; c.bias_dtype = DType::bf16; c.dbias = true; cs.push_back(c);
+    c = base(t); c.bias = BiasKind::bcast_heads; c.bias_dtype = DType::f16; c.dbias = true; cs.push_back(c);
+    c = base(t); c.bias = BiasKind::key_row; cs.push_back(c);
+    c = base(t); c.mask = MaskKind::full; cs.push_back(c);
+    c = base(t); c.mask = MaskKind::bcast_batch; cs.push_back(c);
+    c = base(t); c.mask = MaskKind::key_padding; cs.push_back(c);
+    c = base(t); c.sinks = true; cs.push_back(c);
+    c = base(t); c.dropout_p = 0.25; cs.push_back(c);
+    c = base(t); c.layout = Layout::bhsd; cs.push_back(c);
+    c = base(t); c.layout = Layout::padded; cs.push_back(c);
+    c = base(t); c.softmax_scale = 0.3; cs.push_back(c);
+    c = base(t); c.seqlens_q = {5, 0, 70, 1}; c.seqlens_k = {9, 4, 130, 0}; cs.push_back(c);
+    for (auto& x : cs) {
+      x.name = "feature_" + dtype_label(t);
+      expect_pass(x);
+    }
+  }
+}
+
+TEST_F(Kernels, FeaturesCombined) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    Case c = base(t);
+    c.causal = true;
+    c.window_left = 20;
+    c.softcap = 4.0;
+    c.alibi = true;
+    c.bias = BiasKind::bcast_heads;
+    c.dbias = true;
+    c.mask = MaskKind::key_padding;
+    c.sinks = true;
+    c.dropout_p = 0.1;
+    c.layout = Layout::bhsd;
+    c.name = "combined_" + dtype_label(t);
+    expect_pass(c);
+    c.seqlens_q = {40, 0, 3};
+    c.seqlens_k = {100, 7, 0};
+    c.layout = Layout::padded;
+    c.bias = BiasKind::full;
+    c.name = "combined_varlen_" + dtype_label(t);
+    expect_pass(c);
+  }
+}
+
+TEST_F(Kernels, EdgeCases) {
+  for (const Case& c : edge_cases()) expect_pass(c);
+}
+
+TEST_F(Kernels, RandomCases) {
+  for (uint64_t seed = 0; seed < 40; ++seed) expect_pass(random_case(seed));
+}
+
+// Rows that see no key: out = 0, lse = -inf (the sink with sinks), grads 0.
+TEST_F(Kernels, FullyMaskedRowsAreZeroNotNan) {
+  for (bool sinks : {false, true}) {
+    Case c = base();
+    c.seqlen_q = 40;
+    c.seqlen_k = 8;
+    c.causal = true;  // rows i < 32 see nothing
+    c.sinks = sinks;
+    Problem p = make_problem(c);
+    Outputs o = make_outputs(p, false);
+    run_kernels(p, o);
+    const auto out = dense(o.out), lse = dense(o.lse), dq = dense(o.dq), sk = dense(p.sinks);
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t h = 0; h < c.heads_q; ++h)
+        for (int64_t i = 0; i < 32; ++i) {
+          const double l = lse[static_cast<size_t>((b * c.heads_q + h) * c.seqlen_q + i)];
+          if (sinks)
+            EXPECT_FLOAT_EQ(l, sk[static_cast<size_t>(h)]);
+          else
+            EXPECT_EQ(l, -INFINITY);
+          for (int64_t x = 0; x < c.head_dim_v; ++x)
+            EXPECT_EQ(out[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim_v + x)], 0.0);
+          for (int64_t x = 0; x < c.head_dim; ++x)
+            EXPECT_EQ(dq[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x)], 0.0);
+        }
+  }
+}
+
+// Strided outputs: nothing is written into the gaps between a view's elements.
+TEST_F(Kernels, PaddedOutputsKeepTheirGaps) {
+  Case c = base(DType::bf16);
+  c.layout = Layout::padded;
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  run_kernels(p, o);
+  for (const Buffer* b : {&o.out, &o.dq, &o.dk, &o.dv}) {
+    std::vector<char> inside(b->bytes.size(), 0);
+    const int64_t es = dtype_size(b->view.dtype);
+    for (int64_t off : offsets(b->view))
+      for (int64_t x = 0; x < es; ++x) inside[static_cast<size_t>(off * es + x)] = 1;
+    for (size_t i = 0; i < b->bytes.size(); ++i)
+      if (!inside[i]) {
+        ASSERT_EQ(b->bytes[i], 0) << "byte " << i << " outside the view was written";
+      }
+  }
+}
+
+// The dropout mask the kernels apply is the one dropout_keep_mask returns,
+// and its keep rate is 1 - p.
+TEST_F(Kernels, DropoutMaskMatchesRequestedRate) {
+  Options o;
+  o.dropout_p = 0.3;
+  o.seed = 99;
+  std::vector<uint8_t> keep(2 * 3 * 64 * 96);
+  dropout_keep_mask(o, 2, 3, 64, 96, TensorView::contiguous(keep.data(), DType::u8, {2, 3, 64, 96}));
+  double kept = 0;
+  for (uint8_t k : keep) kept += k;
+  EXPECT_NEAR(kept / static_cast<double>(keep.size()), 0.7, 0.01);
+  std::vector<uint8_t> again(keep.size());
+  o.seed = 100;
+  dropout_keep_mask(o, 2, 3, 64, 96, TensorView::contiguous(again.data(), DType::u8, {2, 3, 64, 96}));
+  EXPECT_NE(keep, again) << "a different seed must give a different mask";
+}
+
+}  // namespace
+}  // namespace flashgrad::testing

@@ -1,0 +1,141 @@
+// Memory: the library allocates per-thread tiles and O(seqlen) vectors, never
+// anything of size seqlen_q * seqlen_k, and reports it through the workspace
+// queries. Global operator new is replaced here to see every allocation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace {
+
+std::atomic<int64_t> g_live{0}, g_peak{0};
+std::atomic<bool> g_tracking{false};
+
+// Each block carries (raw pointer, size) in the 16 bytes before the pointer
+// handed out, which is then aligned up to the requested alignment.
+void* track(std::size_t n, std::size_t align) {
+  const std::size_t a = align < 16 ? 16 : align;
+  void* raw = std::malloc(n + a + 16);
+  if (!raw) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(raw) + 16;
+  void* p = reinterpret_cast<void*>((start + a - 1) / a * a);
+  static_cast<std::size_t*>(p)[-1] = n;
+  static_cast<void**>(p)[-2] = raw;
+  if (g_tracking) {
+    const int64_t live = g_live += static_cast<int64_t>(n);
+    int64_t peak = g_peak;
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+    }
+  }
+  return p;
+}
+
+void untrack(void* p) {
+  if (!p) return;
+  if (g_tracking) g_live -= static_cast<int64_t>(static_cast<std::size_t*>(p)[-1]);
+  std::free(static_cast<void**>(p)[-2]);
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (void* p = track(n, 16)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (void* p = track(n, static_cast<std::size_t>(a))) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return track(n, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return track(n, 16); }
+void operator delete(void* p) noexcept { untrack(p); }
+void operator delete[](void* p) noexcept { untrack(p); }
+void operator delete(void* p, std::size_t) noexcept { untrack(p); }
+void operator delete[](void* p, std::size_t) noexcept { untrack(p); }
+void operator delete(void* p, std::align_val_t) noexcept { untrack(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { untrack(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { untrack(p); }
+
+namespace flashgrad::testing {
+namespace {
+
+struct Shape {
+  int64_t seqlen, heads, dim;
+};
+
+// Workspace query without data: zero-stride views of the right shapes would be
+// rejected only for outputs, so q/k/v can point at one dummy element.
+int64_t workspace(bool backward, Shape s, int threads) {
+  static float dummy = 0;
+  TensorView q = TensorView::strided(&dummy, DType::bf16, {1, s.seqlen, s.heads, s.dim}, {0, 0, 0, 0});
+  Options o;
+  o.num_threads = threads;
+  return backward ? backward_workspace_bytes(o, q, q, q) : forward_workspace_bytes(o, q, q, q);
+}
+
+TEST(Workspace, LinearInSequenceLengthAt32k) {
+  const int64_t L = 32768;
+  for (int threads : {1, 2}) {
+    const int64_t fwd = workspace(false, {L, 8, 128}, threads);
+    const int64_t bwd = workspace(true, {L, 8, 128}, threads);
+    const int64_t bwd_half = workspace(true, {L / 2, 8, 128}, threads);
+    const int64_t score_matrix = L * L * 4;
+    RecordProperty("forward_bytes_32k", std::to_string(fwd));
+    RecordProperty("backward_bytes_32k", std::to_string(bwd));
+    EXPECT_EQ(fwd, workspace(false, {L / 2, 8, 128}, threads)) << "forward workspace must not grow with L";
+    EXPECT_LT(bwd, 8 << 20) << "backward workspace at L=32768";
+    EXPECT_LT(bwd * 100, score_matrix);
+    // O(L) growth: the backward's L-dependent part (delta and dsinks partials)
+    // is at most a few bytes per (head, row).
+    EXPECT_LE(bwd - bwd_half, (L / 2) * 8 * 8 + 4096);
+    EXPECT_GE(bwd, bwd_half);
+  }
+}
+
+// What a call really allocates, seen through operator new: the workspace the
+// query reported, and nothing of size Lq * Lk.
+TEST(Workspace, CallsAllocateWhatTheQueryReports) {
+  Case c;
+  c.batch = 1;
+  c.seqlen_q = 4096;
+  c.seqlen_k = 4096;
+  c.heads_q = 2;
+  c.heads_kv = 1;
+  c.head_dim = 32;
+  c.head_dim_v = 32;
+  c.causal = true;
+  c.num_threads = 2;
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  const int64_t fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  const int64_t bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  g_live = 0;
+  g_peak = 0;
+  g_tracking = true;
+  forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);
+  const int64_t fwd_peak = g_peak;
+  g_peak = 0;
+  g_live = 0;
+  backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view,
+           Grads{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt});
+  const int64_t bwd_peak = g_peak;
+  g_tracking = false;
+  // Slack for the thread runtime's own bookkeeping on first use.
+  const int64_t slack = 64 << 10;
+  EXPECT_LE(fwd_peak, fwd + slack);
+  EXPECT_LE(bwd_peak, bwd + slack);
+  EXPECT_GE(fwd_peak, fwd);
+  EXPECT_GE(bwd_peak, bwd);
+  EXPECT_LT(bwd_peak, c.seqlen_q * c.seqlen_k) << "an allocation the size of the score matrix";
+}
+
+}  // namespace
+}  // namespace flashgrad::testing
