@@ -270,6 +270,12 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
     vs = {p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v};
     os = {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v};
   }
+  // The backward's O(seqlen) workspace (delta, 8 bytes a row at most) must be addressable.
+  int64_t rows = 0;
+  if (__builtin_mul_overflow(p.batch, p.heads_q, &rows) || __builtin_mul_overflow(rows, p.seqlen_q, &rows) ||
+      __builtin_mul_overflow(rows, int64_t{64}, &rows))
+    c.fail("q", "batch * heads_q * seqlen_q small enough for a workspace addressable in int64",
+           "shape " + shape_str(q));
   c.shape("k", k, ks, qkv_names);
   c.shape("v", v, vs, qkv_names);
   p.q = operand(q, varlen);

@@ -39,7 +39,9 @@ Real read(const void* base, DType t, int64_t off) {
 }
 
 // Rounds to the storage dtype (naive mode) or not at all (f64 mode), and
-// computes in f32 for the 16- and 32-bit storage dtypes in naive mode.
+// computes in f32 for the 16- and 32-bit storage dtypes in naive mode. Naive
+// mode rounds every operation, products included (no fused multiply-add), as
+// the plainest same-precision computation does.
 struct Arith {
   DType storage;
   bool naive;
@@ -89,7 +91,7 @@ Matrix abt(const Arith& ar, const Matrix& a, const Matrix& b, int64_t n, int64_t
       Real s = 0;
       for (int64_t n_ = 0; n_ < k; ++n_) {
         const int64_t x = ar.at(n_, k);
-        s = ar.acc(s + a[i * k + x] * b[j * k + x]);
+        s = ar.acc(s + ar.acc(a[i * k + x] * b[j * k + x]));
       }
       c[i * m + j] = ar.round(ar.acc(s * scale));
     }
@@ -106,6 +108,34 @@ struct HeadForward {
   Matrix out;    // [lq, dv]
   std::vector<Real> lse;
 };
+
+bool visible(const AttnParams& p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t ip) {
+  if (p.causal && j > ip) return false;
+  if (p.window_left >= 0 && ip - j > p.window_left) return false;
+  if (p.window_right >= 0 && j - ip > p.window_right) return false;
+  if (!p.mask.data) return true;
+  const auto& o = p.mask;
+  return static_cast<const uint8_t*>(o.data)[b * o.stride[0] + h * o.stride[1] + i * o.stride[2] + j * o.stride[3]] != 0;
+}
+
+// softcap, ALiBi and bias applied to s = scale q.k, each operation rounded as
+// a framework would; *t receives tanh(s / softcap).
+Real logit(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, int64_t i, int64_t j, int64_t ip, Real s,
+           Real* t) {
+  if (p.softcap > 0) {
+    *t = ar.acc(std::tanh(ar.acc(s / p.softcap)));
+    s = ar.acc(p.softcap * *t);
+  }
+  if (p.alibi) {
+    const Real slope = p.alibi[b * p.alibi_batch_stride + h * p.alibi_head_stride];
+    s = ar.acc(s - ar.acc(slope * std::fabs(Real(ip - j))));
+  }
+  if (p.bias.data) {
+    const auto& o = p.bias;
+    s = ar.acc(s + read(o.data, o.dtype, b * o.stride[0] + h * o.stride[1] + i * o.stride[2] + j * o.stride[3]));
+  }
+  return s;
+}
 
 HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_t h,
                          const uint8_t* keep) {
@@ -126,26 +156,11 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
   for (int64_t i = 0; i < lq; ++i) {
     const int64_t ip = i + shift;
     for (int64_t j = 0; j < lk; ++j) {
-      Real& s = f.s[i * lk + j];
-      if (p.softcap > 0) {
-        f.t[i * lk + j] = std::tanh(s / p.softcap);
-        s = p.softcap * f.t[i * lk + j];
-      }
-      if (p.alibi) s -= p.alibi[b * p.alibi_batch_stride + h * p.alibi_head_stride] * std::fabs(Real(ip - j));
-      if (p.bias.data)
-        s += read(p.bias.data, p.bias.dtype, b * p.bias.stride[0] + h * p.bias.stride[1] + i * p.bias.stride[2] + j * p.bias.stride[3]);
-      bool visible = true;
-      if (p.causal && j > ip) visible = false;
-      if (p.window_left >= 0 && j < ip - p.window_left) visible = false;
-      if (p.window_right >= 0 && j > ip + p.window_right) visible = false;
-      if (p.mask.data &&
-          !static_cast<const uint8_t*>(p.mask.data)[b * p.mask.stride[0] + h * p.mask.stride[1] + i * p.mask.stride[2] + j * p.mask.stride[3]])
-        visible = false;
-      s = ar.acc(s);
-      if (!visible) s = -inf;
+      const int64_t x = i * lk + j;
+      f.s[x] = visible(p, b, h, i, j, ip) ? logit(p, ar, b, h, i, j, ip, f.s[x], &f.t[x]) : -inf;
       if (p.dropout_p > 0) {
         const uint8_t kept = keep[((b * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j];
-        f.z[i * lk + j] = kept ? 1.0 / (1.0 - p.dropout_p) : 0.0;
+        f.z[x] = kept ? 1.0 / (1.0 - p.dropout_p) : 0.0;
       }
     }
     Real m = -inf;
@@ -156,11 +171,11 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
       f.lse[i] = -inf;  // no visible key and no sink: P = 0
       continue;
     }
-    Real sum = p.sinks ? ar.acc(std::exp(sink - m)) : 0.0;
+    Real sum = p.sinks ? ar.acc(std::exp(ar.acc(sink - m))) : 0.0;
     for (int64_t n_ = 0; n_ < lk; ++n_)
-      sum = ar.acc(sum + ar.acc(std::exp(f.s[i * lk + ar.at(n_, lk)] - m)));
+      sum = ar.acc(sum + ar.acc(std::exp(ar.acc(f.s[i * lk + ar.at(n_, lk)] - m))));
     f.lse[i] = ar.acc(m + ar.acc(std::log(sum)));
-    for (int64_t j = 0; j < lk; ++j) f.p[i * lk + j] = ar.acc(std::exp(f.s[i * lk + j] - f.lse[i]));
+    for (int64_t j = 0; j < lk; ++j) f.p[i * lk + j] = ar.acc(std::exp(ar.acc(f.s[i * lk + j] - f.lse[i])));
   }
   f.out.assign(static_cast<size_t>(lq * dv), 0.0);
   for (int64_t i = 0; i < lq; ++i)
@@ -168,7 +183,7 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
       Real acc = 0;
       for (int64_t n_ = 0; n_ < lk; ++n_) {
         const int64_t j = ar.at(n_, lk);
-        acc = ar.acc(acc + ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * v[j * dv + c]);
+        acc = ar.acc(acc + ar.acc(ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * v[j * dv + c]));
       }
       f.out[i * dv + c] = ar.round(acc);
     }
@@ -242,7 +257,7 @@ HeadBackward head_backward(const AttnParams& p, const Arith& ar, const HeadForwa
     // dP = dO V^T in different orders, as a kernel does, instead of
     // cancelling exactly in rows with a single visible key.
     for (int64_t c = 0; c < dv; ++c) {
-      const Real term = go[i * dv + c] * f.out[i * dv + c];
+      const Real term = ar.acc(go[i * dv + c] * f.out[i * dv + c]);
       delta = ar.acc(delta + (noise ? std::fabs(term) : term));
     }
     g.delta[static_cast<size_t>(i)] = noise ? u_out * delta : delta;
@@ -268,7 +283,7 @@ Matrix reduce(const Arith& ar, int64_t rows, int64_t cols, int64_t count, At a_a
       Real acc = 0;
       for (int64_t n_ = 0; n_ < count; ++n_) {
         const int64_t n = ar.at(n_, count);
-        acc = ar.acc(acc + a_at(n, r) * b[n * cols + c]);
+        acc = ar.acc(acc + ar.acc(a_at(n, r) * b[n * cols + c]));
       }
       out[r * cols + c] = ar.acc(acc * scale);
     }

@@ -83,8 +83,10 @@ struct Options {
   int num_threads = 0;     // 0: all cores
 };
 
-// Every failure: "flashgrad::<function>: argument '<name>': expected <...>, got <...>".
-// Nothing has been written to any output when it is thrown.
+// An invalid argument reads "flashgrad::<function>: argument '<name>': expected
+// <...>, got <...>"; out of memory reads "flashgrad::<function>: out of memory:
+// expected to allocate <n> bytes ..., got <...>". Nothing has been written to
+// any output when it is thrown.
 class Error : public std::runtime_error {
  public:
   enum class Code { invalid_argument, out_of_memory, unsupported };

@@ -48,9 +48,10 @@ struct HeadCtx {
     const int64_t ip = i + shift;
     lo = 0;
     hi = lk - 1;
-    if (p->window_left >= 0 && ip - p->window_left > lo) lo = ip - p->window_left;
+    // Compared as distances so that windows up to INT64_MAX cannot overflow.
+    if (p->window_left >= 0 && p->window_left < ip) lo = ip - p->window_left;
     if (p->causal && ip < hi) hi = ip;
-    if (p->window_right >= 0 && ip + p->window_right < hi) hi = ip + p->window_right;
+    if (p->window_right >= 0 && p->window_right < hi - ip) hi = ip + p->window_right;
   }
 
   // Rows [i0, i0 + ni) against keys [j0, j0 + nj), given the rows' ranges.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what flashgrad needs on Debian 12, only if something is missing.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libgtest-dev libbenchmark-dev libdlpack-dev
+          libopenblas-dev python3-matplotlib python3-numpy
+          python3-dev pybind11-dev python3-torch python3-pytest)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "flashgrad setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: set-up, Release build, then the whole suite under ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
