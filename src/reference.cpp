@@ -13,7 +13,6 @@
 
 namespace flashgrad::reference {
 namespace detail {
-#define FG_NR 8
 #define FG_PORTABLE_HALF 1
 #define FG_DASSERT(x) assert(x)
 #include "cpu/vec.inl"

@@ -14,7 +14,6 @@
 
 namespace flashgrad::testing {
 namespace conv {
-#define FG_NR 8
 #define FG_PORTABLE_HALF 1
 #define FG_DASSERT(x) assert(x)
 #include "cpu/vec.inl"

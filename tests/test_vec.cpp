@@ -9,7 +9,6 @@
 #include <limits>
 
 namespace flashgrad::vec_test {
-#define FG_NR 8
 #define FG_PORTABLE_HALF 1
 #define FG_DASSERT(x) assert(x)
 #include "cpu/vec.inl"

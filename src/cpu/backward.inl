@@ -43,21 +43,23 @@ void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ct
                const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
                const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
   const int64_t lds = plan.bk_pad;
-  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, kt, lds, s, lds, false);
-  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, vt, lds, dp, lds, false);
+  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, kt, lds, s, lds);
+  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, vt, lds, dp, lds);
   const bool capped = ctx.softcap > 0;
   const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
   uint8_t keep[kMaxBlockK];
   for (int64_t r = 0; r < qb.mq; ++r) {
     Acc *srow = s + r * lds, *dprow = dp + r * lds, *trow = t + r * lds;
     ctx.logits_row(qb.i0 + r, j0, nj, qb.lo[r], qb.hi[r], partial, srow, capped ? trow : nullptr);
-    const Acc lse = qb.lse[r], delta = qb.delta[r];
-    if (ctx.rng.active) ctx.rng.keep_row(qb.i0 + r, j0, nj, keep);
-    for (int64_t jj = 0; jj < nj; ++jj) {
-      const Acc pr = exp_acc(srow[jj] - lse);
-      const Acc z = !ctx.rng.active ? Acc(1) : (keep[jj] ? inv_keep : Acc(0));
-      dprow[jj] = pr * (dprow[jj] * z - delta);  // dS = P * (dP - delta)
-      srow[jj] = pr * z;
+    for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
+    if (ctx.rng.active) {
+      // dP of the dropped-out P is dP * z, z = keep / (1 - p); P stays undropped in dS.
+      ctx.rng.keep_row(qb.i0 + r, j0, nj, keep);
+      keep_row(keep, nj, inv_keep, dprow);
+      grad_row(srow, dprow, lds, qb.lse[r], qb.delta[r]);
+      keep_row(keep, nj, inv_keep, srow);
+    } else {
+      grad_row(srow, dprow, lds, qb.lse[r], qb.delta[r]);
     }
     if (dbias_rows) {
       if (p.dbias.dtype == DType::f64)
@@ -136,10 +138,10 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       load_query_block<T>(p, plan, ctx, delta_all, qb);
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
       transpose(qb.mq, nj, s, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, tmp, ldv, false);  // dV += P^T dO
+      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, tmp, ldv);  // dV += P^T dO
       scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);
       transpose(qb.mq, nj, dp, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, tmp, ldq, false);  // dK += dS^T (scale Q)
+      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, tmp, ldq);  // dK += dS^T (scale Q)
       scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
     }
   }
@@ -183,7 +185,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, tmp, ldq, false);  // dQ += dS K
+    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, tmp, ldq);  // dQ += dS K
     scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq, ldq);
   }
   T* dqp = static_cast<T*>(p.dq.data);

@@ -72,28 +72,22 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     if (kind == TileKind::skip) continue;
     load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, d, lds, kt);
     load_tile<T>(p.v, b, k0 + j0, ctx.hk, nj, dv, ldv, v);
-    gemm_nn(mq, lds, d, q, ldq, kt, lds, s, lds, false);
+    gemm_nn(mq, lds, d, q, ldq, kt, lds, s, lds);
     for (int64_t r = 0; r < mq; ++r) {
       Acc* srow = s + r * lds;
       ctx.logits_row(i0 + r, j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-      Acc mx = m[r];
-      for (int64_t jj = 0; jj < nj; ++jj) mx = srow[jj] > mx ? srow[jj] : mx;
+      for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
+      const Acc mx = row_max(srow, lds, m[r]);
       // A row with no visible key so far keeps max -inf; subtracting 0 then
       // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
       const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
       alpha[r] = exp_acc(m[r] - mref);
-      Acc sum = 0;
-      for (int64_t jj = 0; jj < nj; ++jj) {
-        const Acc e = exp_acc(srow[jj] - mref);
-        srow[jj] = e;
-        sum += e;
-      }
-      l[r] = l[r] * alpha[r] + sum;
+      l[r] = l[r] * alpha[r] + exp_row(srow, lds, mref);
       m[r] = mx;
       ctx.dropout_row(i0 + r, j0, nj, keep, srow);
     }
     // o = o * alpha + P V, with P V summed on its own first (blocked summation).
-    gemm_nn(mq, ldv, nj, s, lds, v, ldv, pv, ldv, false);
+    gemm_nn(mq, ldv, nj, s, lds, v, ldv, pv, ldv);
     scale_add(mq, ldv, alpha, pv, o, ldv);
   }
 

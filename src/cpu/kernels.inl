@@ -8,6 +8,7 @@
 #endif
 
 #include "vec.inl"
+#include "rows.inl"
 #include "rng.inl"
 #include "scores.inl"
 #include "forward.inl"

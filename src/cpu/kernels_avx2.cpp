@@ -7,17 +7,19 @@
 #include <cstring>
 #include <limits>
 
+#include <immintrin.h>
+
 #include "dispatch.hpp"
 #include "parallel.hpp"
 #include "params.hpp"
 #include "tiling.hpp"
 
 #pragma GCC target("avx2,fma,f16c,bmi2")
-#define FG_NR 16
 #define FG_PORTABLE_HALF 0
 #define FG_ISA_ENUM Isa::avx2
 #define FG_ISA_NAME "avx2"
 
 namespace flashgrad::cpu::avx2 {
+#include "cpu/vec_avx2.inl"
 #include "cpu/kernels.inl"
 }  // namespace flashgrad::cpu::avx2

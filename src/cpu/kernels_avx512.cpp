@@ -7,17 +7,23 @@
 #include <cstring>
 #include <limits>
 
+#include <immintrin.h>
+
+// GCC 12 warns inside its own _mm512_reduce_* (an intentionally undefined
+// register operand); the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "dispatch.hpp"
 #include "parallel.hpp"
 #include "params.hpp"
 #include "tiling.hpp"
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")
-#define FG_NR 32
 #define FG_PORTABLE_HALF 0
 #define FG_ISA_ENUM Isa::avx512
 #define FG_ISA_NAME "avx512"
 
 namespace flashgrad::cpu::avx512 {
+#include "cpu/vec_avx512.inl"
 #include "cpu/kernels.inl"
 }  // namespace flashgrad::cpu::avx512

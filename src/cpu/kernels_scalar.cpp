@@ -12,11 +12,11 @@
 #include "params.hpp"
 #include "tiling.hpp"
 
-#define FG_NR 8
 #define FG_PORTABLE_HALF 1
 #define FG_ISA_ENUM Isa::scalar
 #define FG_ISA_NAME "scalar"
 
 namespace flashgrad::cpu::scalar {
+#include "cpu/vec_scalar.inl"
 #include "cpu/kernels.inl"
 }  // namespace flashgrad::cpu::scalar

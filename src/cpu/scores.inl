@@ -115,8 +115,7 @@ struct HeadCtx {
   // Multiplies row i's keys j0..j0+nj by keep / (1 - p), or leaves them if no dropout.
   void dropout_row(int64_t i, int64_t j0, int64_t nj, uint8_t* keep, Acc* x) const {
     if (!rng.active) return;
-    const Acc inv = static_cast<Acc>(1.0 / (1.0 - p->dropout_p));
     rng.keep_row(i, j0, nj, keep);
-    for (int64_t jj = 0; jj < nj; ++jj) x[jj] = keep[jj] ? x[jj] * inv : Acc(0);
+    keep_row(keep, nj, static_cast<Acc>(1.0 / (1.0 - p->dropout_p)), x);
   }
 };

@@ -127,19 +127,21 @@ inline float exp_f32(float x) {
   y = x < -87.3f ? 0.0f : y;
   return x != x ? x : y;
 }
+#if FG_SCALAR_VEXP
+inline VecF vexp(VecF x) { return exp_f32(x); }
+#endif
 inline double exp_acc(double x) { return std::exp(x); }
 inline float exp_acc(float x) { return exp_f32(x); }
 
 // The tile product, the one seam for faster micro-kernels:
-//   C[m, 0..n) (+)= A[m, k] * B[k, 0..n)
-// Row-major, leading dimensions in elements; n is a multiple of kNr (tiles are
-// padded). Register-blocked kMr x kNr so the compiler keeps C in vector registers.
+//   C[m, 0..n) = A[m, k] * B[k, 0..n)
+// Row-major, leading dimensions in elements; n is a multiple of kPad (tiles
+// are padded). This generic form serves f64 and the scalar path; the f32
+// overload below uses the ISA's vector layer when there is one.
 template <typename Acc, int Mr, int Nr>
 inline void gemm_block(int64_t k, const Acc* a, int64_t lda, const Acc* b, int64_t ldb, Acc* c,
-                       int64_t ldc, bool accumulate) {
-  Acc acc[Mr][Nr];
-  for (int r = 0; r < Mr; ++r)
-    for (int j = 0; j < Nr; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : Acc(0);
+                       int64_t ldc) {
+  Acc acc[Mr][Nr] = {};
   for (int64_t p = 0; p < k; ++p) {
     const Acc* brow = b + p * ldb;
     for (int r = 0; r < Mr; ++r) {
@@ -153,18 +155,71 @@ inline void gemm_block(int64_t k, const Acc* a, int64_t lda, const Acc* b, int64
 
 template <typename Acc>
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t lda, const Acc* b,
-                    int64_t ldb, Acc* c, int64_t ldc, bool accumulate) {
-  constexpr int Nr = FG_NR;
-  constexpr int Mr = 4;
+                    int64_t ldb, Acc* c, int64_t ldc) {
+  constexpr int Nr = 8, Mr = 4;
   FG_DASSERT(n % Nr == 0);
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, Mr, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+      gemm_block<Acc, Mr, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
   for (; i < m; ++i)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, 1, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate);
+      gemm_block<Acc, 1, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
 }
+
+#if FG_VEC_GEMM
+// Mr rows x two vectors of columns, all accumulators in registers: per step
+// of k, two loads of B and Mr broadcasts of A feed 2 * Mr FMAs.
+template <int Mr>
+inline void gemm_f32_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                           float* c, int64_t ldc) {
+  VecF acc0[Mr], acc1[Mr];
+  for (int r = 0; r < Mr; ++r) acc0[r] = acc1[r] = vzero();
+  for (int64_t p = 0; p < k; ++p) {
+    const VecF b0 = vload(b + p * ldb), b1 = vload(b + p * ldb + kLanes);
+    for (int r = 0; r < Mr; ++r) {
+      const VecF av = vbroadcast(a[r * lda + p]);
+      acc0[r] = vfma(av, b0, acc0[r]);
+      acc1[r] = vfma(av, b1, acc1[r]);
+    }
+  }
+  for (int r = 0; r < Mr; ++r) {
+    vstore(c + r * ldc, acc0[r]);
+    vstore(c + r * ldc + kLanes, acc1[r]);
+  }
+}
+
+template <int Mr>
+inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                          int64_t ldb, float* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 2 * kLanes) gemm_f32_block<Mr>(k, a, lda, b + j, ldb, c + j, ldc);
+}
+
+inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, float* c, int64_t ldc) {
+  FG_DASSERT(n % (2 * kLanes) == 0);
+  int64_t i = 0;
+  for (; i + kGemmMr <= m; i += kGemmMr) gemm_f32_rows<kGemmMr>(n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+  const int64_t rest = m - i;
+  a += i * lda;
+  c += i * ldc;
+  // Remainder rows in one block of the right height (kGemmMr <= 12).
+  switch (rest) {
+    case 0: break;
+    case 1: gemm_f32_rows<1>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 2: gemm_f32_rows<2>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 3: gemm_f32_rows<3>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 4: gemm_f32_rows<4>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 5: gemm_f32_rows<5>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 6: gemm_f32_rows<6>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 7: gemm_f32_rows<7>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 8: gemm_f32_rows<8>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 9: gemm_f32_rows<9>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 10: gemm_f32_rows<10>(n, k, a, lda, b, ldb, c, ldc); break;
+    default: gemm_f32_rows<11>(n, k, a, lda, b, ldb, c, ldc); break;
+  }
+}
+#endif
 
 // acc[r, 0..n) = acc[r, 0..n) * row_scale[r] + add[r, 0..n) (row_scale null: 1).
 template <typename Acc>

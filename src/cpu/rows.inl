@@ -1,0 +1,56 @@
+// Row loops of the softmax and its gradient, on the f32 vector layer (the
+// scalar layer has one lane), with plain loops for f64. n is a padded tile
+// width, a multiple of kPad; padding columns hold -inf logits.
+
+template <typename Acc>
+inline Acc row_max(const Acc* s, int64_t n, Acc init) {
+  for (int64_t j = 0; j < n; ++j) init = s[j] > init ? s[j] : init;
+  return init;
+}
+inline float row_max(const float* s, int64_t n, float init) {
+  VecF m = vbroadcast(init);
+  for (int64_t j = 0; j < n; j += kLanes) m = vmax(m, vload(s + j));
+  return vreduce_max(m);
+}
+
+// s[j] = exp(s[j] - m); returns the sum.
+template <typename Acc>
+inline Acc exp_row(Acc* s, int64_t n, Acc m) {
+  Acc sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = exp_acc(s[j] - m));
+  return sum;
+}
+inline float exp_row(float* s, int64_t n, float m) {
+  const VecF mv = vbroadcast(m);
+  VecF sum = vzero();
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const VecF e = vexp(vsub(vload(s + j), mv));
+    vstore(s + j, e);
+    sum = vadd(sum, e);
+  }
+  return vreduce_add(sum);
+}
+
+// P = exp(s - lse) into s, and dS = P * (dP - delta) into dp.
+template <typename Acc>
+inline void grad_row(Acc* s, Acc* dp, int64_t n, Acc lse, Acc delta) {
+  for (int64_t j = 0; j < n; ++j) {
+    const Acc pr = exp_acc(s[j] - lse);
+    dp[j] = pr * (dp[j] - delta);
+    s[j] = pr;
+  }
+}
+inline void grad_row(float* s, float* dp, int64_t n, float lse, float delta) {
+  const VecF l = vbroadcast(lse), dl = vbroadcast(delta);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const VecF pr = vexp(vsub(vload(s + j), l));
+    vstore(dp + j, vmul(pr, vsub(vload(dp + j), dl)));
+    vstore(s + j, pr);
+  }
+}
+
+// x[j] *= keep[j] / (1 - p): dropout applied to a row already computed.
+template <typename Acc>
+inline void keep_row(const uint8_t* keep, int64_t n, Acc inv_keep, Acc* x) {
+  for (int64_t j = 0; j < n; ++j) x[j] = keep[j] ? x[j] * inv_keep : Acc(0);
+}

@@ -1,0 +1,42 @@
+// The f32 vector layer for AVX2 + FMA: 8 lanes. The tile product keeps 6 rows
+// x 16 columns of accumulators in 12 of the 16 ymm registers.
+#define FG_VEC_GEMM 1
+using VecF = __m256;
+constexpr int64_t kLanes = 8;
+constexpr int64_t kGemmMr = 6;
+inline VecF vzero() { return _mm256_setzero_ps(); }
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF vbroadcast(float x) { return _mm256_set1_ps(x); }
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF vsub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
+inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
+inline float vreduce_add(VecF v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+inline float vreduce_max(VecF v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+// exp_f32 (vec.inl) lane-wise: same reduction, polynomial and special cases.
+inline VecF vexp(VecF x) {
+  const VecF lo = vbroadcast(-87.3f);
+  const VecF xc = _mm256_min_ps(_mm256_max_ps(x, lo), vbroadcast(88.3f));
+  const VecF nf = _mm256_round_ps(vmul(xc, vbroadcast(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = _mm256_fnmadd_ps(nf, vbroadcast(0.693145751953125f), xc);
+  r = _mm256_fnmadd_ps(nf, vbroadcast(1.428606765330187045e-06f), r);
+  VecF p = vbroadcast(1.0f / 5040.0f);
+  for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = vfma(p, r, vbroadcast(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
+  VecF y = vmul(p, _mm256_castsi256_ps(bits));
+  y = _mm256_blendv_ps(y, vzero(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}

@@ -1,0 +1,18 @@
+// The portable layer: one lane. The row loops in rows.inl run on it as
+// written; the tile product uses the generic form in vec.inl, which the
+// compiler vectorizes as far as the target allows.
+#define FG_VEC_GEMM 0
+#define FG_SCALAR_VEXP 1
+using VecF = float;
+constexpr int64_t kLanes = 1;
+inline VecF vzero() { return 0.0f; }
+inline VecF vload(const float* p) { return *p; }
+inline void vstore(float* p, VecF v) { *p = v; }
+inline VecF vbroadcast(float x) { return x; }
+inline VecF vfma(VecF a, VecF b, VecF c) { return a * b + c; }
+inline VecF vadd(VecF a, VecF b) { return a + b; }
+inline VecF vsub(VecF a, VecF b) { return a - b; }
+inline VecF vmul(VecF a, VecF b) { return a * b; }
+inline VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
+inline float vreduce_add(VecF v) { return v; }
+inline float vreduce_max(VecF v) { return v; }
