@@ -44,6 +44,7 @@ TilePlan plan_forward(const AttnParams& p) {
   f.s = c.take(t.block_q * t.bk_pad);
   f.o = c.take(t.block_q * t.dv_pad);
   f.pv = c.take(t.block_q * t.dv_pad);
+  f.stage = c.take(t.bk_pad * t.dqk_pad);
   f.row_m = c.take(t.block_q);
   f.row_l = c.take(t.block_q);
   f.row_alpha = c.take(t.block_q);
@@ -61,7 +62,7 @@ TilePlan plan_backward(const AttnParams& p) {
   Carver c{t.acc_bytes};
   auto& g = t.bwd;
   const int64_t bq = t.block_q, bk = t.block_k;
-  const int64_t bqp = t.bq_pad, bkp = t.bk_pad;
+  const int64_t bkp = t.bk_pad;
   g.k = c.take(bk * t.dqk_pad);
   g.kt = c.take(t.dqk_pad * bkp);
   g.vt = c.take(t.dv_pad * bkp);
@@ -70,10 +71,9 @@ TilePlan plan_backward(const AttnParams& p) {
   g.s = c.take(bq * bkp);
   g.dp = c.take(bq * bkp);
   g.t = c.take(bq * bkp);
-  g.st = c.take(bk * bqp);
   g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
   g.acc_b = c.take(bk * t.dv_pad);
-  g.tmp = c.take(std::max(bk, bq) * std::max(t.dqk_pad, t.dv_pad));
+  g.tmp = c.take(std::max(bkp, bq) * std::max(t.dqk_pad, t.dv_pad));
   g.row_a = c.take(bq);
   g.row_b = c.take(bq);
   g.row_lo = c.take(bq * 8 / t.acc_bytes);

@@ -20,15 +20,15 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Per-thread buffers, in elements of the accumulation type (float or double).
 // Offsets are in elements from the start of the thread's slice.
 struct ForwardScratch {
-  int64_t q, kt, v, s, o, pv, row_m, row_l, row_alpha, row_lo, row_hi, total;
+  int64_t q, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, total;
 };
 struct BackwardScratch {
   // The dK/dV pass (a task owns a key block) and the dQ pass (a task owns a
-  // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles, st is a
-  // transposed one [block_k, bq_pad]; acc_a holds dK or dQ, acc_b holds dV.
+  // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles; acc_a
+  // holds dK or dQ, acc_b holds dV.
   // tmp receives each tile product before it is added to acc_a/acc_b: blocked
   // summation, whose rounding error grows with seqlen / block instead of seqlen.
-  int64_t k, kt, vt, q, dout, s, dp, t, st, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
+  int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
 };
 
 struct TilePlan {

@@ -43,8 +43,8 @@ void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ct
                const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
                const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
   const int64_t lds = plan.bk_pad;
-  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, kt, lds, s, lds);
-  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, vt, lds, dp, lds);
+  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt, lds, s, lds);
+  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, lds, dp, lds);
   const bool capped = ctx.softcap > 0;
   const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
   uint8_t keep[kMaxBlockK];
@@ -118,12 +118,12 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
   if (j0 >= lk) return;
   const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
-  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, bqp = plan.bq_pad;
+  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad;
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
-  Acc *st = ws.at(L.st), *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp);
-  load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt);
-  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt);
+  Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp);
+  load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt, tmp);
+  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt, tmp);
   for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
   for (int64_t x = 0; x < nj * ldv; ++x) dv[x] = Acc(0);
 
@@ -137,11 +137,9 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       if (kind == TileKind::skip) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb);
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
-      transpose(qb.mq, nj, s, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldv, qb.mq, st, bqp, qb.dout, ldv, tmp, ldv);  // dV += P^T dO
+      gemm_nn(nj, ldv, qb.mq, s, 1, plan.bk_pad, qb.dout, ldv, tmp, ldv);  // dV += P^T dO
       scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);
-      transpose(qb.mq, nj, dp, plan.bk_pad, st, bqp);
-      gemm_nn(nj, ldq, qb.mq, st, bqp, qb.q, ldq, tmp, ldq);  // dK += dS^T (scale Q)
+      gemm_nn(nj, ldq, qb.mq, dp, 1, plan.bk_pad, qb.q, ldq, tmp, ldq);  // dK += dS^T (scale Q)
       scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
     }
   }
@@ -182,10 +180,10 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
     if (kind == TileKind::skip) continue;
     load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
-    load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt);
-    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt);
+    load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt, tmp);
+    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt, tmp);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn(qb.mq, ldq, nj, dp, lds, k, ldq, tmp, ldq);  // dQ += dS K
+    gemm_nn(qb.mq, ldq, nj, dp, lds, 1, k, ldq, tmp, ldq);  // dQ += dS K
     scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq, ldq);
   }
   T* dqp = static_cast<T*>(p.dq.data);

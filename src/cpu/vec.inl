@@ -90,12 +90,6 @@ inline void load_row(const T* src, int64_t stride, int64_t n, int64_t pad, Acc* 
   for (int64_t i = n; i < pad; ++i) dst[i] = Acc(0);
 }
 
-// Column c of a [n, pad_rows] destination, ld apart: dst[i * ld + c] = src[i * stride].
-template <typename T, typename Acc>
-inline void load_col(const T* src, int64_t stride, int64_t n, Acc* dst, int64_t ld) {
-  for (int64_t i = 0; i < n; ++i) dst[i * ld] = static_cast<Acc>(to_float(src[i * stride]));
-}
-
 template <typename T, typename Acc>
 inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul) {
   for (int64_t i = 0; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
@@ -135,17 +129,18 @@ inline float exp_acc(float x) { return exp_f32(x); }
 
 // The tile product, the one seam for faster micro-kernels:
 //   C[m, 0..n) = A[m, k] * B[k, 0..n)
-// Row-major, leading dimensions in elements; n is a multiple of kPad (tiles
-// are padded). This generic form serves f64 and the scalar path; the f32
+// A's element (r, p) is a[r * a_rs + p * a_cs], so A may be a transposed view
+// (its elements are only ever broadcast); B and C are row-major; n is a
+// multiple of kPad (tiles are padded). This generic form serves f64 and the scalar path; the f32
 // overload below uses the ISA's vector layer when there is one.
 template <typename Acc, int Mr, int Nr>
-inline void gemm_block(int64_t k, const Acc* a, int64_t lda, const Acc* b, int64_t ldb, Acc* c,
-                       int64_t ldc) {
+inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, const Acc* b, int64_t ldb,
+                       Acc* c, int64_t ldc) {
   Acc acc[Mr][Nr] = {};
   for (int64_t p = 0; p < k; ++p) {
     const Acc* brow = b + p * ldb;
     for (int r = 0; r < Mr; ++r) {
-      const Acc av = a[r * lda + p];
+      const Acc av = a[r * a_rs + p * a_cs];
       for (int j = 0; j < Nr; ++j) acc[r][j] += av * brow[j];
     }
   }
@@ -154,31 +149,31 @@ inline void gemm_block(int64_t k, const Acc* a, int64_t lda, const Acc* b, int64
 }
 
 template <typename Acc>
-inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t lda, const Acc* b,
-                    int64_t ldb, Acc* c, int64_t ldc) {
+inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs,
+                    const Acc* b, int64_t ldb, Acc* c, int64_t ldc) {
   constexpr int Nr = 8, Mr = 4;
   FG_DASSERT(n % Nr == 0);
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, Mr, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
+      gemm_block<Acc, Mr, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc);
   for (; i < m; ++i)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, 1, Nr>(k, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
+      gemm_block<Acc, 1, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc);
 }
 
 #if FG_VEC_GEMM
 // Mr rows x two vectors of columns, all accumulators in registers: per step
 // of k, two loads of B and Mr broadcasts of A feed 2 * Mr FMAs.
 template <int Mr>
-inline void gemm_f32_block(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                           float* c, int64_t ldc) {
+inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                           int64_t ldb, float* c, int64_t ldc) {
   VecF acc0[Mr], acc1[Mr];
   for (int r = 0; r < Mr; ++r) acc0[r] = acc1[r] = vzero();
   for (int64_t p = 0; p < k; ++p) {
     const VecF b0 = vload(b + p * ldb), b1 = vload(b + p * ldb + kLanes);
     for (int r = 0; r < Mr; ++r) {
-      const VecF av = vbroadcast(a[r * lda + p]);
+      const VecF av = vbroadcast(a[r * a_rs + p * a_cs]);
       acc0[r] = vfma(av, b0, acc0[r]);
       acc1[r] = vfma(av, b1, acc1[r]);
     }
@@ -190,33 +185,34 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t lda, const float* 
 }
 
 template <int Mr>
-inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                          int64_t ldb, float* c, int64_t ldc) {
-  for (int64_t j = 0; j < n; j += 2 * kLanes) gemm_f32_block<Mr>(k, a, lda, b + j, ldb, c + j, ldc);
+inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                          const float* b, int64_t ldb, float* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += 2 * kLanes) gemm_f32_block<Mr>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);
 }
 
-inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                    int64_t ldb, float* c, int64_t ldc) {
+inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                    const float* b, int64_t ldb, float* c, int64_t ldc) {
   FG_DASSERT(n % (2 * kLanes) == 0);
   int64_t i = 0;
-  for (; i + kGemmMr <= m; i += kGemmMr) gemm_f32_rows<kGemmMr>(n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+  for (; i + kGemmMr <= m; i += kGemmMr)
+    gemm_f32_rows<kGemmMr>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);
   const int64_t rest = m - i;
-  a += i * lda;
+  a += i * a_rs;
   c += i * ldc;
   // Remainder rows in one block of the right height (kGemmMr <= 12).
   switch (rest) {
     case 0: break;
-    case 1: gemm_f32_rows<1>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 2: gemm_f32_rows<2>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 3: gemm_f32_rows<3>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 4: gemm_f32_rows<4>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 5: gemm_f32_rows<5>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 6: gemm_f32_rows<6>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 7: gemm_f32_rows<7>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 8: gemm_f32_rows<8>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 9: gemm_f32_rows<9>(n, k, a, lda, b, ldb, c, ldc); break;
-    case 10: gemm_f32_rows<10>(n, k, a, lda, b, ldb, c, ldc); break;
-    default: gemm_f32_rows<11>(n, k, a, lda, b, ldb, c, ldc); break;
+    case 1: gemm_f32_rows<1>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 2: gemm_f32_rows<2>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 3: gemm_f32_rows<3>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 4: gemm_f32_rows<4>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 5: gemm_f32_rows<5>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 6: gemm_f32_rows<6>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 7: gemm_f32_rows<7>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 8: gemm_f32_rows<8>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 9: gemm_f32_rows<9>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    case 10: gemm_f32_rows<10>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
+    default: gemm_f32_rows<11>(n, k, a, a_rs, a_cs, b, ldb, c, ldc); break;
   }
 }
 #endif
@@ -244,3 +240,13 @@ inline void transpose(int64_t rows, int64_t cols, const Acc* src, int64_t lds, A
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
 }
+#if FG_VEC_GEMM
+// Whole register blocks; rows and cols must be multiples of kTransposeBlock.
+inline void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst,
+                      int64_t ldd) {
+  FG_DASSERT(rows % kTransposeBlock == 0 && cols % kTransposeBlock == 0);
+  for (int64_t r = 0; r < rows; r += kTransposeBlock)
+    for (int64_t c = 0; c < cols; c += kTransposeBlock)
+      transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+}
+#endif

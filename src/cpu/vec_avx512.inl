@@ -32,3 +32,30 @@ inline VecF vexp(VecF x) {
   y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), vzero());
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
+
+// dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers.
+constexpr int64_t kTransposeBlock = 16;
+inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {  // 32-bit interleave of row pairs
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // 64-bit interleave: r[4i + k] holds column 4L + k of rows 4i..4i+3 in lane L
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int k = 0; k < 4; ++k) {  // gather lane L of r[k], r[4+k], r[8+k], r[12+k] into row 4L + k
+    const __m512 v0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88), v1 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
+    const __m512 w0 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88), w1 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
+    _mm512_storeu_ps(dst + (0 + k) * ldd, _mm512_shuffle_f32x4(v0, w0, 0x88));
+    _mm512_storeu_ps(dst + (8 + k) * ldd, _mm512_shuffle_f32x4(v0, w0, 0xdd));
+    _mm512_storeu_ps(dst + (4 + k) * ldd, _mm512_shuffle_f32x4(v1, w1, 0x88));
+    _mm512_storeu_ps(dst + (12 + k) * ldd, _mm512_shuffle_f32x4(v1, w1, 0xdd));
+  }
+}

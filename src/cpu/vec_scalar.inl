@@ -16,3 +16,5 @@ inline VecF vmul(VecF a, VecF b) { return a * b; }
 inline VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
 inline float vreduce_add(VecF v) { return v; }
 inline float vreduce_max(VecF v) { return v; }
+constexpr int64_t kTransposeBlock = 1;
+inline void transpose_block(const float* src, int64_t, float* dst, int64_t) { *dst = *src; }
