@@ -36,6 +36,10 @@ struct Carver {
 TilePlan plan_forward(const AttnParams& p) {
   TilePlan t;
   choose_blocks(p, t);
+  // The forward keeps no per-key state, so a taller query tile halves the
+  // K/V tile loads and transposes per FLOP (docs/performance.md).
+  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = 128;
+  t.bq_pad = round_up(t.block_q, kPad);
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
   f.q = c.take(t.block_q * t.dqk_pad);
