@@ -67,7 +67,7 @@ TilePlan plan_backward(const AttnParams& p) {
   auto& g = t.bwd;
   const int64_t bq = t.block_q, bk = t.block_k;
   const int64_t bkp = t.bk_pad;
-  g.k = c.take(bk * t.dqk_pad);
+  g.k = c.take(bkp * t.dqk_pad);
   g.kt = c.take(t.dqk_pad * bkp);
   g.vt = c.take(t.dv_pad * bkp);
   g.q = c.take(bq * t.dqk_pad);

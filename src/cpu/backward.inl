@@ -179,8 +179,10 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const int64_t nj = std::min(plan.block_k, ctx.lk - j0);
     const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
     if (kind == TileKind::skip) continue;
+    // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
     load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
-    load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, lds, kt, tmp);
+    for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
+    transpose(lds, ldq, k, ldq, kt, lds);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt, tmp);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
     gemm_nn(qb.mq, ldq, nj, dp, lds, 1, k, ldq, tmp, ldq);  // dQ += dS K
