@@ -1,0 +1,198 @@
+// `flashgrad bench`: check one configuration on a small copy of it, then time
+// forward, backward and both, and report the median and GFLOP/s.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "harness.hpp"
+
+namespace flashgrad::tools {
+namespace {
+
+using testing::Case;
+
+struct Timing {
+  std::string pass, key;  // key: the pass's name in --json output
+  double flops = 0;
+  std::vector<double> seconds;
+  double median_s() const { return median(seconds); }
+  double min_s() const { return *std::min_element(seconds.begin(), seconds.end()); }
+  double gflops() const { return flops / median_s() / 1e9; }
+};
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f64") return DType::f64;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  return DType::f32;
+}
+
+Case case_from_flags(Args& args) {
+  Case c;
+  c.name = "bench";
+  c.batch = args.integer("--batch", 1, 1);
+  const int64_t seqlen = args.integer("--seqlen", 1024, 1);
+  c.seqlen_q = args.integer("--seqlen-q", seqlen, 1);
+  c.seqlen_k = args.integer("--seqlen-k", seqlen, 1);
+  c.heads_q = args.integer("--heads-q", 8, 1);
+  c.heads_kv = args.integer("--heads-kv", c.heads_q, 1);
+  if (c.heads_q % c.heads_kv != 0)
+    args.fail("--heads-kv", "a divisor of --heads-q (" + std::to_string(c.heads_q) + ")",
+              std::to_string(c.heads_kv));
+  c.head_dim = args.integer("--head-dim", 64, 1, 512);
+  c.head_dim_v = args.integer("--head-dim-v", c.head_dim, 1, 512);
+  c.dtype = parse_dtype(args.choice("--dtype", "f32", {"f32", "f64", "bf16", "f16"}));
+  c.causal = args.has("--causal");
+  if (const auto w = args.integer_pair("--window", -1)) {
+    c.window_left = w->first;
+    c.window_right = w->second;
+  }
+  c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
+  return c;
+}
+
+// The same configuration with both sequence lengths scaled down together, so
+// that the f64 reference stays cheap but the mask's shape is kept.
+Case small_copy(const Case& c) {
+  constexpr int64_t kMaxSeqlen = 256;
+  Case s = c;
+  s.name = "bench_check";
+  s.batch = std::min<int64_t>(c.batch, 2);
+  const int64_t longest = std::max(c.seqlen_q, c.seqlen_k);
+  if (longest > kMaxSeqlen) {
+    s.seqlen_q = std::max<int64_t>(1, c.seqlen_q * kMaxSeqlen / longest);
+    s.seqlen_k = std::max<int64_t>(1, c.seqlen_k * kMaxSeqlen / longest);
+  }
+  return s;
+}
+
+// Case::forward_flops() counts every (query, key) pair (halved when causal);
+// with a window, scale it by the fraction of pairs the mask lets through.
+double forward_flops(const Case& c) {
+  if (c.window_left < 0 && c.window_right < 0) return c.forward_flops();
+  double visible = 0;
+  for (int64_t i = 0; i < c.seqlen_q; ++i) {
+    const int64_t pos = i + c.seqlen_k - c.seqlen_q;
+    int64_t lo = c.window_left < 0 ? 0 : pos - c.window_left;
+    int64_t hi = c.window_right < 0 ? c.seqlen_k - 1 : pos + c.window_right;
+    if (c.causal) hi = std::min(hi, pos);
+    lo = std::max<int64_t>(lo, 0);
+    hi = std::min<int64_t>(hi, c.seqlen_k - 1);
+    visible += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
+  }
+  Case full = c;
+  full.causal = false;
+  return full.forward_flops() * visible / (static_cast<double>(c.seqlen_q) * c.seqlen_k);
+}
+
+std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64_t repeats) {
+  testing::Outputs o = testing::make_outputs(p, false);
+  const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
+  auto fwd = [&] { forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
+  auto bwd = [&] { backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g); };
+  const double f = forward_flops(p.c);
+  std::vector<Timing> out;
+  out.push_back({"forward", "forward", f, time_calls(fwd, warmup, repeats)});
+  out.push_back({"backward", "backward", 2.5 * f, time_calls(bwd, warmup, repeats)});
+  out.push_back({"forward+backward", "forward_backward", 3.5 * f,
+                 time_calls(
+                     [&] {
+                       fwd();
+                       bwd();
+                     },
+                     warmup, repeats)});
+  return out;
+}
+
+double worst_fraction(const testing::Report& r) {
+  double worst = 0;
+  for (const auto& t : r.tensors) worst = std::max(worst, t.bound() > 0 ? t.err_kernel / t.bound() : 0.0);
+  return worst;
+}
+
+std::string config_json(const Case& c) {
+  return Json()
+      .add("dtype", dtype_name(c.dtype))
+      .add("batch", c.batch)
+      .add("seqlen_q", c.seqlen_q)
+      .add("seqlen_k", c.seqlen_k)
+      .add("heads_q", c.heads_q)
+      .add("heads_kv", c.heads_kv)
+      .add("head_dim", c.head_dim)
+      .add("head_dim_v", c.head_dim_v)
+      .add("causal", c.causal)
+      .add("window_left", c.window_left)
+      .add("window_right", c.window_right)
+      .str();
+}
+
+void print_json(const Case& c, const Case& small, const testing::Report& r, int threads,
+                const std::vector<Timing>& timings, int64_t warmup, int64_t repeats, int64_t ws_fwd,
+                int64_t ws_bwd) {
+  Json j;
+  j.add("version", version()).add("isa", isa_name()).add("threads", threads);
+  j.add_raw("config", config_json(c));
+  j.add_raw("check", Json()
+                         .add("case", small.describe())
+                         .add("passed", r.pass())
+                         .add("worst_fraction_of_bound", worst_fraction(r))
+                         .str());
+  j.add_raw("workspace_bytes", Json().add("forward", ws_fwd).add("backward", ws_bwd).str());
+  j.add("warmup", warmup).add("repeats", repeats);
+  for (const Timing& t : timings)
+    j.add_raw(t.key, Json()
+                         .add("flops", t.flops)
+                         .add("median_ms", 1e3 * t.median_s())
+                         .add("min_ms", 1e3 * t.min_s())
+                         .add("gflops", t.gflops())
+                         .str());
+  std::printf("%s\n", j.str().c_str());
+}
+
+void print_table(const Case& c, const Case& small, const testing::Report& r, int threads,
+                 const std::vector<Timing>& timings, int64_t repeats, int64_t ws_fwd, int64_t ws_bwd) {
+  std::printf("flashgrad %s bench: isa %s, %d threads\n", version().c_str(), isa_name(), threads);
+  std::printf("config:    %s\n", c.describe().c_str());
+  std::printf("check:     ok on %s (worst error %.2f of its bound)\n", small.describe().c_str(),
+              worst_fraction(r));
+  std::printf("workspace: forward %.2f MiB, backward %.2f MiB\n", mib(ws_fwd), mib(ws_bwd));
+  std::printf("\n%-18s %12s %12s %10s   (median of %lld)\n", "pass", "median ms", "min ms", "GFLOP/s",
+              static_cast<long long>(repeats));
+  for (const Timing& t : timings)
+    std::printf("%-18s %12.3f %12.3f %10.2f\n", t.pass.c_str(), 1e3 * t.median_s(), 1e3 * t.min_s(),
+                t.gflops());
+}
+
+}  // namespace
+
+int run_bench(Args& args) {
+  const Case c = case_from_flags(args);
+  const int64_t repeats = args.integer("--repeats", 5, 1);
+  const int64_t warmup = args.integer("--warmup", 1, 0);
+  const bool json = args.has("--json");
+  args.finish();
+  const int threads = c.num_threads > 0 ? c.num_threads : max_threads();
+
+  // A wrong kernel must never be reported as fast.
+  const Case small = small_copy(c);
+  const testing::Report r = testing::check_case(small);
+  if (!r.pass()) {
+    std::fprintf(stderr, "flashgrad bench: the kernels fail their check on %s; not timing them\n%s",
+                 small.describe().c_str(), r.table().c_str());
+    return 1;
+  }
+  const testing::Problem p = testing::make_problem(c);
+  const int64_t ws_fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  const int64_t ws_bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  const std::vector<Timing> timings = time_passes(p, warmup, repeats);
+  if (json)
+    print_json(c, small, r, threads, timings, warmup, repeats, ws_fwd, ws_bwd);
+  else
+    print_table(c, small, r, threads, timings, repeats, ws_fwd, ws_bwd);
+  return 0;
+}
+
+}  // namespace flashgrad::tools

@@ -1,0 +1,135 @@
+// flashgrad: check, benchmark and demonstrate the library from the shell.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "dispatch.hpp"
+#include "flashgrad/flashgrad.hpp"
+
+namespace flashgrad::tools {
+namespace {
+
+const char* const kOverview =
+    "usage: flashgrad <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  check    compare the kernels with the fp64 reference on the edge cases\n"
+    "           and on random cases; exits 1 if any case fails\n"
+    "  bench    check, then time forward and backward for one configuration\n"
+    "  demo     correctness, then time and peak memory of flashgrad against\n"
+    "           materialized attention on OpenBLAS as the sequence grows\n"
+    "  info     version, SIMD paths and threads\n"
+    "  measure  one timed forward+backward in this process (the demo runs it\n"
+    "           in a child process to read that child's peak memory)\n"
+    "\n"
+    "`flashgrad <command> --help` lists the flags of a command.\n"
+    "FLASHGRAD_ISA=scalar|avx2|avx512 forces a SIMD path.\n";
+
+const std::map<std::string, const char*> kUsage = {
+    {"check",
+     "usage: flashgrad check [--random N] [--seed S] [--quick] [--threads T]\n"
+     "  --random N   also run N random cases, seeds S .. S+N-1 (default 0)\n"
+     "  --seed S     first random seed (default 1)\n"
+     "  --quick      forward only: skip the backward pass and its gradients\n"
+     "  --threads T  threads for the kernels (default: all cores)\n"},
+    {"bench",
+     "usage: flashgrad bench [flags]\n"
+     "  --batch B            (default 1)\n"
+     "  --seqlen L           sets --seqlen-q and --seqlen-k (default 1024)\n"
+     "  --seqlen-q L, --seqlen-k L\n"
+     "  --heads-q H          (default 8)\n"
+     "  --heads-kv H         (default: --heads-q)\n"
+     "  --head-dim D         (default 64)\n"
+     "  --head-dim-v D       (default: --head-dim)\n"
+     "  --dtype T            f32, f64, bf16 or f16 (default f32)\n"
+     "  --causal\n"
+     "  --window L,R         sliding window; -1 is unbounded\n"
+     "  --threads T          (default: all cores)\n"
+     "  --repeats N          timed calls per pass; the median is reported (default 5)\n"
+     "  --warmup N           untimed calls first (default 1)\n"
+     "  --json               print one JSON object instead of the table\n"},
+    {"info", "usage: flashgrad info\n"},
+    {"demo",
+     "usage: flashgrad demo [--out DIR] [--threads T] [--budget-s S] [--min-seqlen L]\n"
+     "                      [--max-seqlen L] [--memory-gib G] [--no-plot]\n"
+     "  --out DIR        where demo.md, demo.json and demo.png go (default out/demo)\n"
+     "  --threads T      threads for flashgrad and OpenBLAS (default: all cores)\n"
+     "  --budget-s S     stop doubling when the next length would end past S\n"
+     "                   seconds of total run time (default 225)\n"
+     "  --min-seqlen L   first sequence length (default 512)\n"
+     "  --max-seqlen L   last sequence length (default: memory and budget decide)\n"
+     "  --memory-gib G   treat at most G GiB as available (default: MemAvailable),\n"
+     "                   to reach the baseline's memory limit sooner\n"
+     "  --no-plot        do not draw demo.png\n"},
+    {"measure",
+     "usage: flashgrad measure --impl flashgrad|naive|none --seqlen L [--causal]\n"
+     "                         [--batch B] [--heads H] [--head-dim D] [--threads T]\n"
+     "                         [--min-time S]\n"
+     "  Times forward+backward (f32): one warmup call, then at least 3 calls and\n"
+     "  --min-time seconds (default 1); a warmup slower than that is reported\n"
+     "  alone. Prints 'ms=<median> runs=<n> vmhwm=<bytes> flops=<n>'. --impl none\n"
+     "  only allocates the tensors, for the memory floor.\n"},
+};
+
+std::vector<std::string> isa_names() {
+  std::vector<std::string> out;
+  for (const Isa isa : supported_isas()) out.push_back(isa_to_string(isa));
+  return out;
+}
+
+int dispatch(const std::string& command, Args& args) {
+  if (command == "check") return run_check(args);
+  if (command == "bench") return run_bench(args);
+  if (command == "info") return run_info(args);
+  if (command == "demo") return run_demo(args);
+  if (command == "measure") return run_measure(args);
+  throw UsageError("flashgrad: unknown command '" + command +
+                   "'; expected check, bench, demo, info or measure");
+}
+
+}  // namespace
+
+std::string version() { return FLASHGRAD_VERSION; }
+
+int run_info(Args& args) {
+  args.finish();
+  std::string supported;
+  for (const auto& name : isa_names()) supported += (supported.empty() ? "" : " ") + name;
+  std::printf("flashgrad %s\n", version().c_str());
+  std::printf("isa in use:     %s\n", isa_name());
+  std::printf("isa supported:  %s\n", supported.c_str());
+  std::printf("max threads:    %d\n", max_threads());
+  return 0;
+}
+
+}  // namespace flashgrad::tools
+
+int main(int argc, char** argv) {
+  using namespace flashgrad::tools;
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help" ||
+      std::string(argv[1]) == "help") {
+    std::fputs(kOverview, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  Args args(command, std::vector<std::string>(argv + 2, argv + argc));
+  const auto usage = kUsage.find(command);
+  if (usage != kUsage.end() && args.wants_help()) {
+    std::fputs(usage->second, stdout);
+    return 0;
+  }
+  try {
+    return dispatch(command, args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s\n\n%s", e.what(), usage != kUsage.end() ? usage->second : kOverview);
+    return 2;
+  } catch (const flashgrad::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // the library's messages name their function
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashgrad %s: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}
