@@ -146,6 +146,8 @@ void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int6
   kernels_for(Isa::scalar).dropout_mask(p, static_cast<uint8_t*>(keep.data));
 }
 
+const char* version() { return FLASHGRAD_VERSION; }
+
 const char* isa_name() { return kernels().name; }
 
 int max_threads() { return resolve_threads(0); }

@@ -175,6 +175,8 @@ int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const
 
 const char* fg_last_error(void) { return g_last_error.c_str(); }
 
+const char* fg_version(void) { return flashgrad::version(); }
+
 const char* fg_isa(void) {
   const char* name = nullptr;
   guarded([&] { name = flashgrad::isa_name(); });

@@ -321,8 +321,8 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
   }
   if (opts.bias) {
     const auto& bt = *opts.bias;
-    if (bt.dtype != DType::f32 && bt.dtype != DType::bf16 && bt.dtype != DType::f16)
-      c.fail("bias", "dtype f32, bf16 or f16", std::string("dtype ") + dtype_name(bt.dtype));
+    if (!is_float_storage(bt.dtype))
+      c.fail("bias", "dtype f32, f64, bf16 or f16", std::string("dtype ") + dtype_name(bt.dtype));
     p.bias = broadcast_operand(c, "bias", bt, full);
   }
   if (opts.mask) {

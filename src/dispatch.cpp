@@ -42,8 +42,9 @@ std::vector<Isa> supported_isas() {
 
 const KernelTable& kernels_for(Isa isa) {
   if (!cpu_supports(isa))
-    throw Error(std::string("flashgrad: ISA '") + isa_to_string(isa) +
-                "' is not supported by this CPU or build",
+    throw Error(std::string("flashgrad::isa: argument 'isa': expected an ISA this CPU and build support (") +
+                    (cpu_supports(Isa::avx512) ? "scalar, avx2, avx512" : cpu_supports(Isa::avx2) ? "scalar, avx2" : "scalar") +
+                    "), got '" + isa_to_string(isa) + "'",
                 Error::Code::unsupported);
   switch (isa) {
 #if FLASHGRAD_HAVE_X86_KERNELS
@@ -60,8 +61,8 @@ const KernelTable& choose() {
   if (env && *env) {
     for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
       if (std::strcmp(env, isa_to_string(isa)) == 0) return kernels_for(isa);
-    throw Error(std::string("flashgrad: FLASHGRAD_ISA: expected scalar, avx2 or avx512, got '") +
-                env + "'");
+    throw Error(std::string("flashgrad::isa: environment variable 'FLASHGRAD_ISA': expected scalar, avx2 or "
+                            "avx512, got '") + env + "'");
   }
   return kernels_for(supported_isas().back());
 }

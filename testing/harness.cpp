@@ -140,14 +140,35 @@ const char* layout_name(Layout l) {
 
 }  // namespace
 
+namespace {
+
+// Pairs the rows see through causal and the window (masks aside).
+double visible_pairs(const Case& c, int64_t lq, int64_t lk) {
+  if (c.window_left < 0 && c.window_right < 0)
+    return static_cast<double>(lq) * static_cast<double>(lk) * (c.causal ? 0.5 : 1.0);
+  double visible = 0;
+  for (int64_t i = 0; i < lq; ++i) {
+    const int64_t pos = i + lk - lq;
+    int64_t lo = c.window_left < 0 ? 0 : pos - c.window_left;
+    int64_t hi = c.window_right < 0 ? lk - 1 : pos + c.window_right;
+    if (c.causal) hi = std::min(hi, pos);
+    lo = std::max<int64_t>(lo, 0);
+    hi = std::min<int64_t>(hi, lk - 1);
+    visible += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
+  }
+  return visible;
+}
+
+}  // namespace
+
 double Case::forward_flops() const {
   double pairs = 0;
   if (varlen()) {
-    for (size_t b = 0; b < seqlens_q.size(); ++b) pairs += double(seqlens_q[b]) * seqlens_k[b];
+    for (size_t b = 0; b < seqlens_q.size(); ++b) pairs += visible_pairs(*this, seqlens_q[b], seqlens_k[b]);
   } else {
-    pairs = double(batch) * seqlen_q * seqlen_k;
+    pairs = static_cast<double>(batch) * visible_pairs(*this, seqlen_q, seqlen_k);
   }
-  return 2.0 * pairs * heads_q * double(head_dim + head_dim_v) * (causal ? 0.5 : 1.0);
+  return 2.0 * pairs * static_cast<double>(heads_q) * static_cast<double>(head_dim + head_dim_v);
 }
 
 std::string Case::describe() const {

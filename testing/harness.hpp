@@ -46,7 +46,10 @@ struct Case {
   double input_scale = 1.0;  // q/k magnitude, for extreme-logit cases
 
   bool varlen() const { return !seqlens_q.empty(); }
-  double forward_flops() const;  // 4 * B * Hq * Lq * Lk * d (halved when causal)
+  // 2 * (d + dv) per visible (query, key) pair, summed over batch and heads:
+  // 4 * B * Hq * Lq * Lk * d, halved when causal (the benchmarks' convention),
+  // and counting only the pairs a window lets through.
+  double forward_flops() const;
   std::string describe() const;
 };
 

@@ -113,6 +113,7 @@ TEST_F(Kernels, FeaturesAlonePerDtype) {
     c = base(t); c.softcap = 2.5; c.input_scale = 3.0; cs.push_back(c);
     c = base(t); c.alibi = true; cs.push_back(c);
     c = base(t); c.bias = BiasKind::full; c.dbias = true; cs.push_back(c);
+    c.bias_dtype = DType::f64; cs.push_back(c);
     c = base(t); c.bias = BiasKind::bcast_batch; c.bias_dtype = DType::bf16; c.dbias = true; cs.push_back(c);
     c = base(t); c.bias = BiasKind::bcast_heads; c.bias_dtype = DType::f16; c.dbias = true; cs.push_back(c);
     c = base(t); c.bias = BiasKind::key_row; cs.push_back(c);

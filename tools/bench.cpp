@@ -69,31 +69,12 @@ Case small_copy(const Case& c) {
   return s;
 }
 
-// Case::forward_flops() counts every (query, key) pair (halved when causal);
-// with a window, scale it by the fraction of pairs the mask lets through.
-double forward_flops(const Case& c) {
-  if (c.window_left < 0 && c.window_right < 0) return c.forward_flops();
-  double visible = 0;
-  for (int64_t i = 0; i < c.seqlen_q; ++i) {
-    const int64_t pos = i + c.seqlen_k - c.seqlen_q;
-    int64_t lo = c.window_left < 0 ? 0 : pos - c.window_left;
-    int64_t hi = c.window_right < 0 ? c.seqlen_k - 1 : pos + c.window_right;
-    if (c.causal) hi = std::min(hi, pos);
-    lo = std::max<int64_t>(lo, 0);
-    hi = std::min<int64_t>(hi, c.seqlen_k - 1);
-    visible += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
-  }
-  Case full = c;
-  full.causal = false;
-  return full.forward_flops() * visible / (static_cast<double>(c.seqlen_q) * c.seqlen_k);
-}
-
 std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64_t repeats) {
   testing::Outputs o = testing::make_outputs(p, false);
   const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
   auto fwd = [&] { forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
   auto bwd = [&] { backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g); };
-  const double f = forward_flops(p.c);
+  const double f = p.c.forward_flops();
   std::vector<Timing> out;
   out.push_back({"forward", "forward", f, time_calls(fwd, warmup, repeats)});
   out.push_back({"backward", "backward", 2.5 * f, time_calls(bwd, warmup, repeats)});

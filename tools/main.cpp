@@ -91,7 +91,7 @@ int dispatch(const std::string& command, Args& args) {
 
 }  // namespace
 
-std::string version() { return FLASHGRAD_VERSION; }
+std::string version() { return flashgrad::version(); }
 
 int run_info(Args& args) {
   args.finish();

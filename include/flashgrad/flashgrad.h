@@ -38,7 +38,7 @@ typedef struct {
   int64_t window_right;          /* -1: unbounded */
   double softcap;                /* 0: off; else S = softcap * tanh(S / softcap) */
   const DLTensor* alibi_slopes;  /* f32 [heads_q] or [batch, heads_q], or NULL */
-  const DLTensor* bias;          /* f32/bf16/f16 [batch|1, heads_q|1, seqlen_q|1, seqlen_k|1], or NULL */
+  const DLTensor* bias;          /* f32/f64/bf16/f16 [batch|1, heads_q|1, seqlen_q|1, seqlen_k|1], or NULL */
   const DLTensor* mask;          /* u8 (or bool), same shape rules; nonzero = attend; or NULL */
   const DLTensor* sinks;         /* f32 [heads_q], or NULL */
   const DLTensor* cu_seqlens_q;  /* i32 [batch + 1], or NULL (with cu_seqlens_k) */
@@ -76,6 +76,9 @@ int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const
 
 /* The last error message of this thread ("" if none). Valid until the next call. */
 const char* fg_last_error(void);
+
+/* The library's version, "major.minor.patch". */
+const char* fg_version(void);
 
 /* "avx512", "avx2" or "scalar" (FLASHGRAD_ISA forces one); NULL on error. */
 const char* fg_isa(void);

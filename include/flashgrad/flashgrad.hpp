@@ -66,7 +66,7 @@ struct Options {
 
   // Optional inputs. Leading dims of size 1 (or stride 0) broadcast.
   std::optional<TensorView> alibi_slopes;  ///< f32 [heads_q] or [batch, heads_q]
-  std::optional<TensorView> bias;          ///< f32/bf16/f16 [batch|1, heads_q|1, seqlen_q, seqlen_k]
+  std::optional<TensorView> bias;          ///< f32/f64/bf16/f16 [batch|1, heads_q|1, seqlen_q|1, seqlen_k|1]
   std::optional<TensorView> mask;          ///< u8 [batch|1, heads_q|1, seqlen_q, seqlen_k], nonzero = attend
   std::optional<TensorView> sinks;         ///< f32 [heads_q], one extra logit per head (denominator only)
 
@@ -132,6 +132,9 @@ int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const
 // when varlen), 1 = kept.
 void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int64_t seqlen_q,
                        int64_t seqlen_k, const TensorView& keep);
+
+// The library's version, "major.minor.patch".
+const char* version();
 
 // The SIMD path in use: "avx512", "avx2" or "scalar". FLASHGRAD_ISA forces one
 // of them (an ISA the CPU lacks is an error at first use).

@@ -30,7 +30,7 @@ struct HeadCtx {
       slope = static_cast<Acc>(prm.alibi[b * prm.alibi_batch_stride + h * prm.alibi_head_stride]);
     if (prm.bias.data) {
       const auto& o = prm.bias;
-      bias_es = o.dtype == DType::f32 ? 4 : 2;
+      bias_es = dtype_size(o.dtype);
       bias = static_cast<const char*>(o.data) + (b * o.stride[0] + h * o.stride[1]) * bias_es;
       bias_rs = o.stride[2];
       bias_cs = o.stride[3];
@@ -96,6 +96,7 @@ struct HeadCtx {
       switch (p->bias.dtype) {
         case DType::bf16: add_bias(reinterpret_cast<const bf16_t*>(row), j0, nj, s); break;
         case DType::f16: add_bias(reinterpret_cast<const f16_t*>(row), j0, nj, s); break;
+        case DType::f64: add_bias(reinterpret_cast<const double*>(row), j0, nj, s); break;
         default: add_bias(reinterpret_cast<const float*>(row), j0, nj, s); break;
       }
     }
