@@ -7,9 +7,11 @@
 namespace flashgrad {
 
 // Calls fn(ctx, task, thread) for every task in [0, num_tasks) on up to
-// num_threads threads; thread is in [0, num_threads) and indexes per-thread
-// scratch. Inside an enclosing OpenMP parallel region it runs on the calling
-// thread only (no nested oversubscription).
+// num_threads threads (the caller and persistent workers); thread is in
+// [0, num_threads) and indexes per-thread scratch. One call at a time uses the
+// workers: a call made while another holds them (from another thread, or from
+// inside a task) runs all its tasks on the calling thread, so concurrent
+// callers never oversubscribe the workers and never wait on each other.
 using TaskFn = void (*)(void* ctx, int64_t task, int thread);
 void parallel_for(int64_t num_tasks, int num_threads, TaskFn fn, void* ctx);
 
