@@ -100,7 +100,9 @@ inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul
 // degree-7 Taylor polynomial of e^r (truncation error below 1e-8 relative).
 // Results below e^-87.3 flush to 0, exactly 0 for x = -inf. NaN propagates.
 inline float exp_f32(float x) {
-  const float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  // Written so that NaN clamps to -87.3 too: the integer steps below then
+  // stay defined, and the NaN is restored at the end.
+  const float xc = x > -87.3f ? (x < 88.3f ? x : 88.3f) : -87.3f;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float nf = (xc * 1.44269504088896341f + magic) - magic;
   float r = xc - nf * 0.693145751953125f;
@@ -113,8 +115,7 @@ inline float exp_f32(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t n = static_cast<int32_t>(nf);
-  const int32_t bits = (n + 127) << 23;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(nf) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
   float y = p * scale;

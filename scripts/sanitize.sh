@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Reliability checks (docs/reliability.md): an ASan+UBSan build, the test
+# suite on one ISA path under it (the best this CPU has; the ISA-independent
+# tests run once), then a bounded run of the C ABI differential fuzzer.
+#   SANITIZE_BUILD_DIR  build tree (default build-asan)
+#   FUZZ_SEEDS          fuzz draws (default 600, about 40 s)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${SANITIZE_BUILD_DIR:-build-asan}"
+seeds="${FUZZ_SEEDS:-600}"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHGRAD_SANITIZE="address;undefined" \
+  -DFLASHGRAD_BUILD_FUZZ=ON -DFLASHGRAD_BUILD_PYTHON=OFF -DFLASHGRAD_BUILD_TOOLS=OFF > /dev/null
+cmake --build "$build" -j "$(nproc)"
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+isa=scalar
+grep -qw avx2 /proc/cpuinfo && isa=avx2
+grep -qw avx512bw /proc/cpuinfo && isa=avx512
+others=$(printf '%s\n' scalar avx2 avx512 | grep -vx "$isa" | paste -sd'|')
+echo "sanitize: ASan+UBSan suite on the $isa path"
+status=0
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" || status=1
+echo "sanitize: C ABI fuzz, $seeds seeded draws"
+"$build/fuzz/fuzz_c_abi_seeds" 0 "$seeds" || status=1
+exit $status

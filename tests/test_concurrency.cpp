@@ -1,0 +1,202 @@
+// Concurrent use: many threads calling forward/backward at once on their own
+// data give the bytes a serial call gives; calls made from inside an OpenMP
+// parallel region, from a std::thread pool, or from inside a task finish,
+// stay correct and do not oversubscribe.
+//
+// What the library does (src/parallel.cpp): one persistent worker pool. One
+// call at a time uses it (the caller plus num_threads - 1 workers); a call
+// made while another holds the pool (from another thread, an OpenMP team, or
+// from inside a task) runs all its tasks on the calling thread. So P
+// concurrent callers use at most P + (num_threads - 1) threads, and never
+// wait on each other.
+#include <gtest/gtest.h>
+#if FG_TEST_OPENMP
+#include <omp.h>
+#endif
+#include <chrono>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flashgrad/flashgrad.h"
+#include "harness.hpp"
+#include "parallel.hpp"
+
+namespace flashgrad::testing {
+namespace {
+
+using Bytes = std::vector<std::vector<unsigned char>>;
+
+Bytes run_bytes(const Problem& p) {
+  Outputs o = make_outputs(p, false);
+  run_kernels(p, o);
+  Bytes out;
+  for (const Buffer* b : {&o.out, &o.lse, &o.dq, &o.dk, &o.dv, &o.dsinks, &o.dbias}) out.push_back(b->bytes);
+  return out;
+}
+
+// Small problems with different data and features, one per worker.
+std::vector<Case> worker_cases(int n) {
+  std::vector<Case> cs;
+  const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    c.dtype = types[i % 4];
+    c.batch = 1 + i % 2;
+    c.seqlen_q = 40 + 7 * i;
+    c.seqlen_k = 70 + 5 * i;
+    c.heads_q = 4;
+    c.heads_kv = i % 2 ? 2 : 4;
+    c.head_dim = 32;
+    c.head_dim_v = 24;
+    c.causal = i % 3 == 0;
+    c.sinks = i % 3 == 1;
+    c.dropout_p = i % 4 == 2 ? 0.1 : 0.0;
+    if (i % 5 == 3) { c.bias = BiasKind::bcast_heads; c.dbias = true; }
+    c.seed = 1000 + static_cast<uint64_t>(i);
+    cs.push_back(c);
+  }
+  return cs;
+}
+
+// Each worker runs its own problem `rounds` times with its own num_threads
+// while the others run theirs; every result must equal the serial bytes.
+void many_threads_bitwise(const std::vector<int>& thread_counts, int rounds) {
+  const int n = static_cast<int>(thread_counts.size());
+  std::vector<Case> cs = worker_cases(n);
+  std::vector<Problem> ps;
+  std::vector<Bytes> serial;
+  for (Case& c : cs) {
+    c.num_threads = 1;
+    ps.push_back(make_problem(c));
+    serial.push_back(run_bytes(ps.back()));
+  }
+  std::atomic<int> mismatches{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < n; ++w)
+    pool.emplace_back([&, w] {
+      Problem p = ps[static_cast<size_t>(w)];  // own copy of the views, same data
+      p.opts.num_threads = thread_counts[static_cast<size_t>(w)];
+      while (!go.load()) std::this_thread::yield();
+      for (int r = 0; r < rounds; ++r)
+        if (run_bytes(p) != serial[static_cast<size_t>(w)]) ++mismatches;
+    });
+  go = true;
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+// num_threads = 1 never touches the pool.
+TEST(Concurrency, StdThreadsSingleThreadedCallsAreBitwiseSerial) {
+  many_threads_bitwise({1, 1, 1, 1, 1, 1}, 3);
+}
+
+TEST(Concurrency, StdThreadsWithOwnThreadCountsAreBitwiseSerial) {
+  many_threads_bitwise({1, 2, 3, 0, 2, 1}, 2);
+}
+
+// fg_last_error is per thread: a failing call on one thread does not change
+// the message another thread sees, and a successful call clears its own.
+TEST(Concurrency, CAbiErrorMessagesAreThreadLocal) {
+  const int n = 4;
+  std::vector<Problem> ps;
+  for (const Case& c : worker_cases(n)) ps.push_back(make_problem(c));
+  std::atomic<int> bad{0};
+  std::vector<std::thread> pool;
+  for (int w = 0; w < n; ++w)
+    pool.emplace_back([&, w] {
+      for (int r = 0; r < 20; ++r) {
+        fg_params prm = fg_params_default();
+        prm.num_threads = 1;
+        if ((w + r) % 2) {  // NULL q: an error naming this thread's call
+          prm.window_left = -2 - w;
+          if (fg_forward(&prm, nullptr, nullptr, nullptr, nullptr, nullptr) != FG_ERR_INVALID_ARGUMENT) ++bad;
+          const std::string msg = fg_last_error();
+          std::this_thread::yield();
+          if (msg.empty() || std::string(fg_last_error()) != msg) ++bad;
+        } else {
+          const Problem& p = ps[static_cast<size_t>(w)];
+          Outputs o = make_outputs(p, false);
+          Options opts = p.opts;
+          opts.num_threads = 1;
+          forward(opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);
+          // A C call that succeeds clears this thread's message.
+          if (fg_isa() == nullptr) ++bad;
+          if (*fg_last_error() != '\0') ++bad;
+        }
+      }
+    });
+  for (auto& t : pool) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+// A call made from inside a task (while the pool is held) runs on the
+// calling thread only.
+TEST(Concurrency, NestedCallFromATaskRunsOnItsThread) {
+  std::mutex m;
+  std::atomic<int> bad{0};
+  parallel_for(8, 2, [&](int64_t, int) {
+    const auto me = std::this_thread::get_id();
+    parallel_for(16, 4, [&](int64_t, int thread) {
+      if (std::this_thread::get_id() != me || thread != 0) ++bad;
+    });
+  });
+  EXPECT_EQ(bad.load(), 0);
+}
+
+// P callers at once, each asking for 2 threads, run on at most P + 1 threads:
+// the pool serves one caller, the others run on their own thread.
+TEST(Concurrency, ConcurrentCallersDoNotOversubscribe) {
+  const int callers = 4;
+  std::mutex m;
+  std::set<std::thread::id> seen;
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  for (int c = 0; c < callers; ++c)
+    pool.emplace_back([&] {
+      while (!go.load()) std::this_thread::yield();
+      for (int r = 0; r < 5; ++r)
+        parallel_for(32, 2, [&](int64_t, int) {
+          {
+            std::lock_guard<std::mutex> l(m);
+            seen.insert(std::this_thread::get_id());
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        });
+    });
+  go = true;
+  for (auto& t : pool) t.join();
+  EXPECT_LE(seen.size(), static_cast<size_t>(callers + 1));
+}
+
+#if FG_TEST_OPENMP
+TEST(Concurrency, CallsInsideOmpParallelRegionAreBitwiseSerial) {
+  std::vector<Case> cs = worker_cases(4);
+  std::vector<Problem> ps;
+  std::vector<Bytes> serial;
+  for (Case& c : cs) {
+    c.num_threads = 1;
+    ps.push_back(make_problem(c));
+    serial.push_back(run_bytes(ps.back()));
+  }
+  std::atomic<int> mismatches{0};
+#pragma omp parallel for num_threads(2) schedule(static, 1)
+  for (int w = 0; w < 4; ++w) {
+    Problem p = ps[static_cast<size_t>(w)];
+    p.opts.num_threads = 0;  // "all cores": the pool serves one caller at a time
+    if (run_bytes(p) != serial[static_cast<size_t>(w)]) ++mismatches;
+  }
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+#endif  // FG_TEST_OPENMP
+
+}  // namespace
+}  // namespace flashgrad::testing
