@@ -55,9 +55,5 @@ struct AbiOutputs {
   testing::Outputs views() const;  // Buffers that view the fenced storage
 };
 
-// check_case's rule (err(kernel) <= 2 * err(naive) + noise against the f64
-// reference) applied to kernel outputs that came through the C ABI.
-testing::Report compare_with_reference(const testing::Problem& p, const testing::Outputs& kernel,
-                                       bool backward);
 
 }  // namespace flashgrad::fuzz

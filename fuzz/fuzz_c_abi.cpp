@@ -445,7 +445,7 @@ std::string check_valid(Call& call, bool& ulp_level) {
   if (fg_forward_workspace_bytes(&call.prm, call.qp, call.kp, call.vp) < 0 ||
       fg_backward_workspace_bytes(&call.prm, call.qp, call.kp, call.vp) < 0)
     return std::string("workspace_bytes returned -1: ") + fg_last_error();
-  const Report rep = compare_with_reference(call.p, call.o.views(), true);
+  const Report rep = testing::compare_with_reference(call.p, call.o.views(), true);
   if (rep.pass()) return "";
   // The rule can be tighter than a few ulps when the naive computation is
   // exact or nearly so (Lk = 1, head_dim = 1, ...): a miss within 4 ulps of

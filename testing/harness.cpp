@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iomanip>
@@ -10,6 +11,7 @@
 #include <random>
 #include <sstream>
 
+#include "dispatch.hpp"
 #include "reference.hpp"
 
 namespace flashgrad::testing {
@@ -367,11 +369,17 @@ std::string Report::table() const {
 }
 
 Report check_case(const Case& c, bool backward) {
-  using reference::Precision;
   const Problem p = make_problem(c);
-  Outputs ker = make_outputs(p, false), ref = make_outputs(p, true);
-  Outputs nai = make_outputs(p, true), rev = make_outputs(p, true), noise = make_outputs(p, true);
+  Outputs ker = make_outputs(p, false);
   run_kernels(p, ker, backward);
+  return compare_with_reference(p, ker, backward);
+}
+
+Report compare_with_reference(const Problem& p, const Outputs& ker, bool backward) {
+  using reference::Precision;
+  const Case& c = p.c;
+  Outputs ref = make_outputs(p, true), nai = make_outputs(p, true), rev = make_outputs(p, true);
+  Outputs noise = make_outputs(p, true);
   run_reference(p, ref, Precision::f64, backward);
   run_reference(p, nai, Precision::storage, backward);
   run_reference(p, rev, Precision::storage_reversed, backward);
@@ -406,4 +414,12 @@ Report check_case(const Case& c, bool backward) {
   }
   return r;
 }
+const char* forced_isa_missing() {
+  const char* env = std::getenv("FLASHGRAD_ISA");
+  if (!env) return nullptr;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+    if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) return env;
+  return nullptr;
+}
+
 }  // namespace flashgrad::testing

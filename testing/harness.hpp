@@ -101,6 +101,12 @@ struct Report {
 
 // Runs kernels and both references, and applies the rule to every output.
 Report check_case(const Case& c, bool backward = true);
+// The rule applied to outputs the kernels already wrote for p (by any route,
+// for example the C ABI).
+Report compare_with_reference(const Problem& p, const Outputs& kernel, bool backward = true);
+
+// FLASHGRAD_ISA when it names an ISA this CPU lacks (tests then skip), else null.
+const char* forced_isa_missing();
 
 // The matrix the CLI's `check` and the tests draw from.
 std::vector<Case> edge_cases();

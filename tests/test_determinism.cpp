@@ -21,9 +21,7 @@ std::vector<std::vector<unsigned char>> run_bytes(const Case& c) {
 }
 
 void expect_deterministic(Case c) {
-  const char* env = std::getenv("FLASHGRAD_ISA");
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
-    if (env && std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) GTEST_SKIP() << "no " << env;
+  if (const char* isa = forced_isa_missing()) GTEST_SKIP() << "this CPU lacks " << isa;
   c.num_threads = 1;
   const auto ref = run_bytes(c);
   for (int threads : {1, 2, 3}) {

@@ -21,10 +21,7 @@ namespace {
 class Hazards : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* env = std::getenv("FLASHGRAD_ISA");
-    if (!env) return;
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
-      if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) GTEST_SKIP() << "no " << env;
+    if (const char* isa = forced_isa_missing()) GTEST_SKIP() << "this CPU lacks " << isa;
   }
 };
 

@@ -15,14 +15,6 @@
 namespace flashgrad::testing {
 namespace {
 
-void skip_if_isa_missing() {
-  const char* env = std::getenv("FLASHGRAD_ISA");
-  if (!env) return;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
-    if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa))
-      GTEST_SKIP() << "this CPU lacks " << env;
-}
-
 void expect_pass(const Case& c) {
   const Report r = check_case(c);
   EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_name() << "\n" << r.table();
@@ -45,7 +37,9 @@ std::string dtype_label(DType t) { return dtype_name(t); }
 
 class Kernels : public ::testing::Test {
  protected:
-  void SetUp() override { skip_if_isa_missing(); }
+  void SetUp() override {
+    if (const char* isa = forced_isa_missing()) GTEST_SKIP() << "this CPU lacks " << isa;
+  }
 };
 
 // Every (Lq, Lk) pair with Lq != Lk, causal and not: block edges below, at

@@ -12,6 +12,7 @@
 // GCC 12 warns inside its own _mm512_reduce_* (an intentionally undefined
 // register operand); the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "dispatch.hpp"
 #include "parallel.hpp"
