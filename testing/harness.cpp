@@ -85,22 +85,6 @@ double get(const TensorView& v, int64_t off) {
   return 0;
 }
 
-Buffer contiguous(DType t, std::vector<int64_t> dims) {
-  Buffer b;
-  int64_t n = 1;
-  for (auto d : dims) n *= d;
-  b.bytes.assign(static_cast<size_t>(std::max<int64_t>(n, 1) * dtype_size(t)), 0);
-  b.view.data = b.bytes.data();
-  b.view.dtype = t;
-  b.view.ndim = static_cast<int>(dims.size());
-  int64_t st = 1;
-  for (int i = b.view.ndim - 1; i >= 0; --i) {
-    b.view.shape[i] = dims[static_cast<size_t>(i)];
-    b.view.strides[i] = st;
-    st *= dims[static_cast<size_t>(i)];
-  }
-  return b;
-}
 
 // [batch, seq, heads, dim] (or [total, heads, dim]) in the case's memory layout.
 Buffer attention_tensor(DType t, const std::vector<int64_t>& dims, Layout layout) {
@@ -324,6 +308,23 @@ std::vector<double> dense(const Buffer& b) {
   out.reserve(static_cast<size_t>(b.view.numel()));
   for_each(b.view, [&](int64_t off) { out.push_back(get(b.view, off)); });
   return out;
+}
+
+Buffer contiguous(DType t, const std::vector<int64_t>& dims) {
+  Buffer b;
+  int64_t n = 1;
+  for (auto d : dims) n *= d;
+  b.bytes.assign(static_cast<size_t>(std::max<int64_t>(n, 1) * dtype_size(t)), 0);
+  b.view.data = b.bytes.data();
+  b.view.dtype = t;
+  b.view.ndim = static_cast<int>(dims.size());
+  int64_t st = 1;
+  for (int i = b.view.ndim - 1; i >= 0; --i) {
+    b.view.shape[i] = dims[static_cast<size_t>(i)];
+    b.view.strides[i] = st;
+    st *= dims[static_cast<size_t>(i)];
+  }
+  return b;
 }
 
 std::vector<int64_t> offsets(const TensorView& v) {

@@ -79,6 +79,9 @@ Outputs make_outputs(const Problem& p, bool f64);
 void run_kernels(const Problem& p, Outputs& o, bool backward = true);
 void run_reference(const Problem& p, Outputs& o, reference::Precision prec, bool backward = true);
 
+// A zeroed compact tensor (storage for at least one element).
+Buffer contiguous(DType t, const std::vector<int64_t>& dims);
+
 // Logical-order values of a view, as doubles.
 std::vector<double> dense(const Buffer& b);
 // Element offsets of a view in logical (row-major index) order.

@@ -90,19 +90,7 @@ struct Call {
 
   // A zeroed compact tensor (at least one element of storage), watched.
   TensorView make(DType t, std::vector<int64_t> dims) {
-    Buffer& b = extra.emplace_back();
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    b.bytes.assign(static_cast<size_t>(std::max<int64_t>(n, 1) * dtype_size(t)), 0);
-    b.view.data = b.bytes.data();
-    b.view.dtype = t;
-    b.view.ndim = static_cast<int>(dims.size());
-    int64_t st = 1;
-    for (int i = b.view.ndim - 1; i >= 0; --i) {
-      b.view.shape[i] = dims[static_cast<size_t>(i)];
-      b.view.strides[i] = st;
-      st *= dims[static_cast<size_t>(i)];
-    }
+    Buffer& b = extra.emplace_back(contiguous(t, dims));
     watched.push_back(&b);
     return b.view;
   }
