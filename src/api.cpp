@@ -143,6 +143,11 @@ void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int6
   p.dropout_p = opts.dropout_p;
   p.seed = opts.seed;
   p.offset = opts.offset;
+  if (opts.block) {  // only the offsets matter to the bits
+    p.in_block = true;
+    p.block_q_offset = opts.block->q_offset;
+    p.block_k_offset = opts.block->k_offset;
+  }
   kernels_for(Isa::scalar).dropout_mask(p, static_cast<uint8_t*>(keep.data));
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "c_bridge.hpp"
 #include "flashgrad/flashgrad.hpp"
 
 namespace {
@@ -17,6 +18,7 @@ thread_local std::string g_last_error;
 using flashgrad::DType;
 using flashgrad::Error;
 using flashgrad::TensorView;
+using namespace flashgrad::c_bridge;
 
 DType to_dtype(const char* fn, const char* arg, DLDataType t) {
   auto fail = [&] {
@@ -34,6 +36,10 @@ DType to_dtype(const char* fn, const char* arg, DLDataType t) {
   fail();
   return DType::f32;
 }
+
+}  // namespace
+
+namespace flashgrad::c_bridge {
 
 TensorView view(const char* fn, const char* arg, const DLTensor* t) {
   if (!t) throw Error(std::string("flashgrad::") + fn + ": argument '" + arg + "': expected a DLTensor, got NULL");
@@ -85,11 +91,13 @@ flashgrad::Options options(const char* fn, const fg_params* p) {
   o.seed = p->seed;
   o.offset = p->offset;
   o.num_threads = p->num_threads;
+  if (p->block)
+    o.block = flashgrad::Options::Block{p->block_q_offset, p->block_k_offset, p->block_seqlen_q_total,
+                                        p->block_seqlen_k_total};
   return o;
 }
 
-template <typename F>
-fg_status guarded(F&& f) {
+fg_status guarded(const std::function<void()>& f) {
   try {
     f();
     g_last_error.clear();
@@ -113,7 +121,7 @@ fg_status guarded(F&& f) {
   }
 }
 
-}  // namespace
+}  // namespace flashgrad::c_bridge
 
 extern "C" {
 
@@ -171,6 +179,15 @@ int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const
     bytes = flashgrad::backward_workspace_bytes(options(fn, p), view(fn, "q", q), view(fn, "k", k), view(fn, "v", v));
   });
   return bytes;
+}
+
+fg_status fg_merge(DLTensor* o_acc, DLTensor* lse_acc, const DLTensor* o_part, const DLTensor* lse_part,
+                   int num_threads) {
+  return guarded([&] {
+    const char* fn = "merge";
+    flashgrad::merge(view(fn, "o_acc", o_acc), view(fn, "lse_acc", lse_acc), view(fn, "o_part", o_part),
+                     view(fn, "lse_part", lse_part), num_threads);
+  });
 }
 
 const char* fg_last_error(void) { return g_last_error.c_str(); }

@@ -188,6 +188,20 @@ void acc_dtype(const Checker& c, const char* arg, const TensorView& t, DType sto
          std::string("dtype ") + dtype_name(t.dtype));
 }
 
+// out, dq, dk, dv: the storage dtype, or f32 when storage is bf16/f16 (partial
+// results to merge, mixed-precision gradients); f64 for the reference.
+DType result_dtype(const Checker& c, const char* arg, const TensorView& t, DType storage, bool ref) {
+  if (ref) {
+    c.dtype(arg, t, DType::f64);
+    return DType::f64;
+  }
+  const bool half = storage == DType::bf16 || storage == DType::f16;
+  if (t.dtype != storage && !(half && t.dtype == DType::f32))
+    c.fail(arg, std::string("dtype ") + dtype_name(storage) + (half ? " or f32" : ""),
+           std::string("dtype ") + dtype_name(t.dtype));
+  return t.dtype;
+}
+
 // bias / mask / dbias: [batch|1, heads|1, seqlen_q|1, seqlen_k|1], size-1 dims broadcast.
 Operand4 broadcast_operand(const Checker& c, const char* arg, const TensorView& t,
                            const std::vector<int64_t>& full) {
@@ -234,7 +248,7 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
 
   AttnParams p;
   p.dtype = q.dtype;
-  p.out_dtype = ref ? DType::f64 : q.dtype;
+  p.out_dtype = p.grad_dtype = ref ? DType::f64 : q.dtype;
   const int o = varlen ? 0 : 1;  // index of the seqlen dim
   p.heads_q = q.shape[o + 1];
   p.head_dim = q.shape[o + 2];
@@ -300,6 +314,24 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
   p.dropout_p = opts.dropout_p;
   p.seed = opts.seed;
   p.offset = opts.offset;
+  if (opts.block) {
+    const auto& bl = *opts.block;
+    if (varlen) c.fail("block", "no block together with cu_seqlens", "both");
+    auto range = [&](int64_t off, int64_t len, int64_t total, const char* what) {
+      if (off < 0 || total < 0 || off > total || len > total - off)
+        c.fail("block", std::string("0 <= ") + what + "_offset and " + what + "_offset + seqlen_" + what +
+                            " <= seqlen_" + what + "_total",
+               what + std::string("_offset = ") + std::to_string(off) + ", seqlen_" + what + " = " +
+                   std::to_string(len) + ", seqlen_" + what + "_total = " + std::to_string(total));
+    };
+    range(bl.q_offset, p.seqlen_q, bl.seqlen_q_total, "q");
+    range(bl.k_offset, p.seqlen_k, bl.seqlen_k_total, "k");
+    p.in_block = true;
+    p.block_q_offset = bl.q_offset;
+    p.block_k_offset = bl.k_offset;
+    p.block_total_q = bl.seqlen_q_total;
+    p.block_total_k = bl.seqlen_k_total;
+  }
   if (opts.num_threads < 0) c.fail("num_threads", "a value >= 0 (0 = all cores)", std::to_string(opts.num_threads));
   p.num_threads = opts.num_threads;
 
@@ -340,7 +372,6 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
   if (kind == CallKind::workspace) return p;
 
   // Outputs and backward inputs.
-  const DType odt = p.out_dtype;
   std::vector<std::pair<const char*, const TensorView*>> inputs = {{"q", &q}, {"k", &k}, {"v", &v}};
   std::vector<std::pair<const char*, const TensorView*>> outputs;
   const std::vector<int64_t> lse_shape =
@@ -348,7 +379,7 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
   const char* lse_names = varlen ? "[heads_q, total_q]" : "[batch, heads_q, seqlen_q]";
   if (fwd) {
     c.view("out", *t.out);
-    c.dtype("out", *t.out, odt);
+    p.out_dtype = result_dtype(c, "out", *t.out, q.dtype, ref);
     c.shape("out", *t.out, os, qkv_names);
     c.view("lse", *t.lse);
     if (!ref) acc_dtype(c, "lse", *t.lse, q.dtype);
@@ -362,7 +393,7 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
   if (bwd) {
     if (kind == CallKind::backward) {
       c.view("out", *t.out);
-      c.dtype("out", *t.out, q.dtype);
+      p.out_dtype = result_dtype(c, "out", *t.out, q.dtype, false);
       c.shape("out", *t.out, os, qkv_names);
       c.view("lse", *t.lse);
       acc_dtype(c, "lse", *t.lse, q.dtype);
@@ -383,7 +414,8 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
     const std::vector<int64_t>* gs[] = {&qs, &ks, &vs};
     for (int i = 0; i < 3; ++i) {
       c.view(gr[i].first, *gr[i].second);
-      c.dtype(gr[i].first, *gr[i].second, odt);
+      if (i == 0) p.grad_dtype = result_dtype(c, "dq", g.dq, q.dtype, ref);
+      else c.dtype(gr[i].first, *gr[i].second, p.grad_dtype);
       c.shape(gr[i].first, *gr[i].second, *gs[i], qkv_names);
       outputs.push_back(gr[i]);
     }
@@ -428,6 +460,43 @@ AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const
       c.disjoint(outputs[i].first, *outputs[i].second, outputs[j].first, *outputs[j].second);
   }
   return p;
+}
+
+MergeParams make_merge_params(const char* fn, const TensorView& o_acc, const TensorView& lse_acc,
+                              const TensorView& o_part, const TensorView& lse_part, int num_threads) {
+  const Checker c(fn);
+  const std::pair<const char*, const TensorView*> all[] = {
+      {"o_acc", &o_acc}, {"lse_acc", &lse_acc}, {"o_part", &o_part}, {"lse_part", &lse_part}};
+  c.view("o_acc", o_acc);
+  if (o_acc.dtype != DType::f32 && o_acc.dtype != DType::f64)
+    c.fail("o_acc", "dtype f32 or f64", std::string("dtype ") + dtype_name(o_acc.dtype));
+  for (auto& [name, t] : all) {
+    c.view(name, *t);
+    c.dtype(name, *t, o_acc.dtype);
+  }
+  if (o_acc.ndim != 4) c.fail("o_acc", "4 dimensions [batch, seqlen, heads, dv]", shape_str(o_acc));
+  MergeParams m;
+  m.dtype = o_acc.dtype;
+  m.batch = o_acc.shape[0];
+  m.seqlen = o_acc.shape[1];
+  m.heads = o_acc.shape[2];
+  m.dv = o_acc.shape[3];
+  c.shape("o_part", o_part, {m.batch, m.seqlen, m.heads, m.dv}, "[batch, seqlen, heads, dv] (as o_acc)");
+  c.shape("lse_acc", lse_acc, {m.batch, m.heads, m.seqlen}, "[batch, heads, seqlen]");
+  c.shape("lse_part", lse_part, {m.batch, m.heads, m.seqlen}, "[batch, heads, seqlen]");
+  if (num_threads < 0) c.fail("num_threads", "a value >= 0 (0 = all cores)", std::to_string(num_threads));
+  c.no_self_overlap("o_acc", o_acc);
+  c.no_self_overlap("lse_acc", lse_acc);
+  c.disjoint("o_acc", o_acc, "lse_acc", lse_acc);
+  for (auto& [an, at] : {std::pair{"o_acc", &o_acc}, std::pair{"lse_acc", &lse_acc}})
+    for (auto& [bn, bt] : {std::pair{"o_part", &o_part}, std::pair{"lse_part", &lse_part}})
+      c.disjoint(an, *at, bn, *bt);
+  m.o_acc = operand(o_acc, false);
+  m.o_part = operand(o_part, false);
+  m.lse_acc = lse_operand(lse_acc, false);
+  m.lse_part = lse_operand(lse_part, false);
+  m.num_threads = num_threads;
+  return m;
 }
 
 }  // namespace flashgrad

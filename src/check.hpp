@@ -28,4 +28,7 @@ struct CallTensors {
 
 AttnParams make_params(const char* fn, CallKind kind, const Options& opts, const CallTensors& t);
 
+MergeParams make_merge_params(const char* fn, const TensorView& o_acc, const TensorView& lse_acc,
+                              const TensorView& o_part, const TensorView& lse_part, int num_threads);
+
 }  // namespace flashgrad

@@ -31,7 +31,8 @@ struct Operand4 {
 
 struct AttnParams {
   DType dtype = DType::f32;      ///< q, k, v, dout
-  DType out_dtype = DType::f32;  ///< out, dq, dk, dv (f64 only for the reference)
+  DType out_dtype = DType::f32;   ///< out: dtype, or f32 with bf16/f16 storage (f64 for the reference)
+  DType grad_dtype = DType::f32;  ///< dq, dk, dv: likewise
   DType lse_dtype = DType::f32;  ///< f32 (or f64 with f64 storage)
 
   int64_t batch = 0;
@@ -53,6 +54,10 @@ struct AttnParams {
   double scale = 1.0;
   double softcap = 0.0;
   bool causal = false;
+  // This call is a block of a longer attention (Options::block): its query
+  // row i is row q_offset + i of total_q rows, its key j is key k_offset + j of total_k.
+  bool in_block = false;
+  int64_t block_q_offset = 0, block_k_offset = 0, block_total_q = 0, block_total_k = 0;
   int64_t window_left = -1;
   int64_t window_right = -1;
 
@@ -82,6 +87,22 @@ struct AttnParams {
   int64_t k_start(int64_t b) const { return cu_seqlens_k ? cu_seqlens_k[b] : 0; }
   int64_t len_q(int64_t b) const { return cu_seqlens_q ? cu_seqlens_q[b + 1] - cu_seqlens_q[b] : seqlen_q; }
   int64_t len_k(int64_t b) const { return cu_seqlens_k ? cu_seqlens_k[b + 1] - cu_seqlens_k[b] : seqlen_k; }
+  // Query i of sequence b sits at key index i + shift(b) (bottom-right alignment
+  // of the whole attention), which causal, window and ALiBi compare against.
+  int64_t shift(int64_t b) const {
+    return in_block ? block_total_k - block_total_q + block_q_offset - block_k_offset : len_k(b) - len_q(b);
+  }
+  // Dropout draws the bit of (i, j) at (row0 + i, col0 + j) of the whole attention.
+  int64_t rng_row0() const { return in_block ? block_q_offset : 0; }
+  int64_t rng_col0() const { return in_block ? block_k_offset : 0; }
+};
+
+// flashgrad::merge: o_* [batch, seqlen, heads, dv] and lse_* [batch, heads, seqlen], all f32 or all f64.
+struct MergeParams {
+  DType dtype = DType::f32;
+  int64_t batch = 0, seqlen = 0, heads = 0, dv = 0;
+  Operand o_acc, o_part, lse_acc, lse_part;  // lse_* indexed (b, i, h) like lse
+  int num_threads = 1;
 };
 
 // Element offset of row (b, i, h) of an operand.

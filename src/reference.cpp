@@ -142,7 +142,7 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
   f.lq = p.len_q(b);
   f.lk = p.len_k(b);
   const int64_t lq = f.lq, lk = f.lk, hk = h / (p.heads_q / p.heads_kv);
-  const int64_t d = p.head_dim, dv = p.head_dim_v, shift = lk - lq;
+  const int64_t d = p.head_dim, dv = p.head_dim_v, shift = p.shift(b);
   const Matrix q = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
   const Matrix k = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
   const Matrix v = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);

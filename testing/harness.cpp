@@ -337,6 +337,24 @@ std::vector<int64_t> offsets(const TensorView& v) {
 double read(const TensorView& v, int64_t offset) { return get(v, offset); }
 void write(const TensorView& v, int64_t offset, double x) { put(v, offset, x); }
 
+TensorView slice(const TensorView& v, int dim, int64_t start, int64_t len) {
+  TensorView s = v;
+  if (v.shape[dim] == 1) return s;  // broadcast: every slice sees the one element
+  s.data = static_cast<char*>(v.data) + start * v.strides[dim] * dtype_size(v.dtype);
+  s.shape[dim] = len;
+  return s;
+}
+
+void copy_values(const TensorView& src, const TensorView& dst) {
+  const auto so = offsets(src), d = offsets(dst);
+  for (size_t i = 0; i < so.size(); ++i) put(dst, d[i], get(src, so[i]));
+}
+
+void add_values(const TensorView& src, const TensorView& dst) {
+  const auto so = offsets(src), d = offsets(dst);
+  for (size_t i = 0; i < so.size(); ++i) put(dst, d[i], get(dst, d[i]) + get(src, so[i]));
+}
+
 namespace {
 
 double max_err(const std::vector<double>& x, const std::vector<double>& ref) {

@@ -88,6 +88,11 @@ std::vector<double> dense(const Buffer& b);
 std::vector<int64_t> offsets(const TensorView& v);
 double read(const TensorView& v, int64_t offset);
 void write(const TensorView& v, int64_t offset, double x);  // rounds to v's dtype
+// Elements [start, start + len) of dimension dim (a view into the same memory).
+TensorView slice(const TensorView& v, int dim, int64_t start, int64_t len);
+// dst = src, or dst += src, element by element in logical order (same shapes).
+void copy_values(const TensorView& src, const TensorView& dst);
+void add_values(const TensorView& src, const TensorView& dst);
 
 struct TensorError {
   std::string name;

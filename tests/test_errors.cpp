@@ -454,6 +454,52 @@ TEST(Errors, WindowBelowMinusOne) {
   }
 }
 
+// f32 results are for 16-bit storage only, and dq, dk, dv share one dtype.
+TEST(Errors, F32ResultsOnlyWithHalfStorage) {
+  Case f64 = base_case();
+  f64.dtype = DType::f64;
+  expect_rejected(f64, kBoth, [](Call& c) { c.out = c.make(DType::f32, {2, 5, 4, 8}); }, "out", "f64");
+  Case half = base_case();
+  half.dtype = DType::bf16;
+  expect_rejected(half, kBwd, [](Call& c) { c.g.dq = c.make(DType::f32, {2, 5, 4, 8}); }, "dk", "f32");
+  expect_rejected(half, kBwd, [](Call& c) { c.g.dk = c.make(DType::f32, {2, 7, 2, 8}); }, "dk", "bf16");
+}
+
+TEST(Errors, BlockOutOfRangeOrWithVarlen) {
+  auto block = [](int64_t qo, int64_t ko, int64_t tq, int64_t tk) {
+    return [=](Call& c) { c.opts.block = Options::Block{qo, ko, tq, tk}; };
+  };
+  expect_rejected(base_case(), kAll, block(-1, 0, 9, 9), "block", "q_offset = -1");
+  expect_rejected(base_case(), kAll, block(5, 0, 9, 9), "block", "seqlen_q_total = 9");
+  expect_rejected(base_case(), kAll, block(0, 3, 9, 9), "block", "k_offset = 3");
+  expect_rejected(base_case(), kAll, block(0, 0, 9, 6), "block", "seqlen_k_total = 6");
+  expect_rejected(varlen_case(), kAll, block(0, 0, 9, 9), "block", "cu_seqlens");
+}
+
+TEST(Errors, MergeArguments) {
+  auto buf = [](DType t, std::vector<int64_t> d) { return contiguous(t, d); };
+  Buffer oa = buf(DType::f32, {2, 5, 3, 8}), la = buf(DType::f32, {2, 3, 5});
+  Buffer op = buf(DType::f32, {2, 5, 3, 8}), lp = buf(DType::f32, {2, 3, 5});
+  Buffer op_bad = buf(DType::f32, {2, 5, 3, 7}), lp_half = buf(DType::bf16, {2, 3, 5});
+  Buffer la_bad = buf(DType::f32, {2, 5, 3});
+  auto expect_throw = [](const std::function<void()>& f, const std::string& arg, const std::string& also) {
+    try {
+      f();
+      ADD_FAILURE() << "merge accepted a bad '" << arg << "'";
+    } catch (const Error& e) {
+      const std::string w = e.what();
+      EXPECT_TRUE(contains(w, "flashgrad::merge: argument '" + arg + "'") && contains(w, also) &&
+                  contains(w, "expected") && contains(w, "got"))
+          << w;
+    }
+  };
+  expect_throw([&] { merge(oa.view, la.view, op_bad.view, lp.view); }, "o_part", "[2, 5, 3, 7]");
+  expect_throw([&] { merge(oa.view, la.view, op.view, lp_half.view); }, "lse_part", "bf16");
+  expect_throw([&] { merge(oa.view, la_bad.view, op.view, lp.view); }, "lse_acc", "[batch, heads, seqlen]");
+  expect_throw([&] { merge(oa.view, la.view, oa.view, lp.view); }, "o_acc", "overlap");
+  expect_throw([&] { merge(oa.view, la.view, op.view, lp.view, -1); }, "num_threads", "-1");
+}
+
 TEST(Errors, DropoutOutOfRange) {
   for (double pr : {1.0, -0.1, kNaN, kInf})
     expect_rejected(base_case(), kAll, [pr](Call& c) { c.opts.dropout_p = pr; }, "dropout_p");

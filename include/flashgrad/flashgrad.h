@@ -47,6 +47,14 @@ typedef struct {
   uint64_t seed;                 /* dropout RNG key */
   uint64_t offset;               /* dropout RNG stream offset */
   int num_threads;               /* 0: all cores */
+  /* Nonzero: this call is a block of a longer attention (see Options::block in
+   * flashgrad.hpp): query i is row block_q_offset + i of block_seqlen_q_total,
+   * key j is key block_k_offset + j of block_seqlen_k_total. */
+  int block;
+  int64_t block_q_offset;
+  int64_t block_k_offset;
+  int64_t block_seqlen_q_total;
+  int64_t block_seqlen_k_total;
 } fg_params;
 
 /* Defaults: default scale, no mask, no dropout, windows -1, all cores. */
@@ -73,6 +81,12 @@ int64_t fg_forward_workspace_bytes(const fg_params* p, const DLTensor* q, const 
                                    const DLTensor* v);
 int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const DLTensor* k,
                                     const DLTensor* v);
+
+/* Merges partial attention over disjoint keys into (o_acc, lse_acc), in f32
+ * (flashgrad::merge): o_acc/o_part f32 [batch, seqlen, heads, dv],
+ * lse_acc/lse_part f32 [batch, heads, seqlen]. */
+fg_status fg_merge(DLTensor* o_acc, DLTensor* lse_acc, const DLTensor* o_part, const DLTensor* lse_part,
+                   int num_threads);
 
 /* The last error message of this thread ("" if none). Valid until the next call. */
 const char* fg_last_error(void);

@@ -20,6 +20,12 @@
 // The keep decision is a counter-based random function of
 // (seed, offset, b, h, i, j), so backward regenerates it without storing it.
 //
+// Options::block makes the call one block of a longer attention (chunked
+// prefill, ring attention): query i is row q_offset + i of seqlen_q_total rows
+// and key j is key k_offset + j of seqlen_k_total, so causal, window, ALiBi and
+// dropout act as on the whole; lse is that of the block's keys alone, and
+// merge() combines blocks.
+//
 // Masked rows: a query row that sees no key (and seqlen_k == 0) gets out = 0,
 // lse = -inf (lse = sinks[h] when sinks are given), and contributes zero to
 // every gradient. No NaN is produced by masking. NaN or Inf in the inputs
@@ -81,6 +87,13 @@ struct Options {
   uint64_t seed = 0;
   uint64_t offset = 0;
   int num_threads = 0;     // 0: all cores
+
+  // Not with cu_seqlens. 0 <= q_offset, q_offset + seqlen_q <= seqlen_q_total; keys likewise.
+  struct Block {
+    int64_t q_offset = 0, k_offset = 0;
+    int64_t seqlen_q_total = 0, seqlen_k_total = 0;
+  };
+  std::optional<Block> block;
 };
 
 // An invalid argument reads "flashgrad::<function>: argument '<name>': expected
@@ -103,13 +116,15 @@ class Error : public std::runtime_error {
 // v    [batch, seqlen_k, heads_kv, head_dim_v]
 // out  [batch, seqlen_q, heads_q,  head_dim_v]   written
 // lse  f32 [batch, heads_q, seqlen_q]             written
-// q, k, v, out share one dtype: f32, f64, bf16 or f16. head dims in [1, 512].
+// q, k, v share one dtype: f32, f64, bf16 or f16; out has it too, or is f32
+// when it is bf16/f16 (accumulation precision kept). head dims in [1, 512].
 void forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
              const TensorView& out, const TensorView& lse);
 
 // Gradients of sum(out * dout). out and lse may come from elsewhere (for
 // example merged across ranks); they must be those of the same attention.
-// dq, dk, dv have the shapes of q, k, v; dsinks f32 [heads_q] (only with sinks);
+// dq, dk, dv have the shapes of q, k, v, and q's dtype or (with bf16/f16) all
+// three f32, as may out; dsinks f32 [heads_q] (only with sinks);
 // dbias f32 with the shape of bias, summed over its broadcast dims.
 // All outputs are overwritten, not accumulated into.
 struct Grads {
@@ -120,6 +135,17 @@ struct Grads {
 void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
               const TensorView& out, const TensorView& lse, const TensorView& dout,
               const Grads& grads);
+
+// Merges the attention of the same queries over a second, disjoint set of
+// keys (o_part, lse_part) into (o_acc, lse_acc), in f32 (or all four f64):
+//   lse = log(exp(lse_acc) + exp(lse_part))
+//   o_acc = exp(lse_acc - lse) * o_acc + exp(lse_part - lse) * o_part
+// o_acc [batch, seqlen, heads, dv] and lse_acc [batch, heads, seqlen]; o_part
+// and lse_part of the same shapes. Rows
+// with lse_part = -inf (no visible key) leave the accumulator as it is; an
+// accumulator row that starts at lse = -inf takes the part as it is.
+void merge(const TensorView& o_acc, const TensorView& lse_acc, const TensorView& o_part,
+           const TensorView& lse_part, int num_threads = 0);
 
 // Bytes of workspace forward()/backward() would allocate for these inputs.
 int64_t forward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,

@@ -86,18 +86,19 @@ QueryBlock<Acc> query_block_buffers(const TilePlan& plan, Slice<Acc> ws, int64_t
                          ws.idx(L.row_lo), ws.idx(L.row_hi)};
 }
 
-template <typename T, typename Acc>
+// O is read as the storage type T or, when it was kept in f32, as O.
+template <typename T, typename O, typename Acc>
 void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
                    Acc* delta_all, double* dsinks_part) {
   const int64_t lq = p.len_q(b), i0 = qblk * plan.block_q;
   const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
   double part = 0;
-  const T* out = static_cast<const T*>(p.out.data);
+  const O* out = static_cast<const O*>(p.out.data);
   const T* dout = static_cast<const T*>(p.dout.data);
   Acc* delta = delta_all + (b * p.heads_q + h) * p.seqlen_q;
   const int64_t q0 = p.q_start(b);
   for (int64_t i = i0; i < std::min(lq, i0 + plan.block_q); ++i) {
-    const T* orow = out + row_offset(p.out, b, q0 + i, h);
+    const O* orow = out + row_offset(p.out, b, q0 + i, h);
     const T* grow = dout + row_offset(p.dout, b, q0 + i, h);
     Acc acc = 0;
     for (int64_t c = 0; c < p.head_dim_v; ++c)
@@ -143,12 +144,11 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
     }
   }
-  T* dkp = static_cast<T*>(p.dk.data);
-  T* dvp = static_cast<T*>(p.dv.data);
   for (int64_t r = 0; r < nj; ++r) {
-    store_row(dk + r * ldq, p.head_dim, dkp + row_offset(p.dk, b, k0 + r, hk), p.dk.dim_stride, Acc(1));
-    store_row(dv + r * ldv, p.head_dim_v, dvp + row_offset(p.dv, b, k0 + r, hk), p.dv.dim_stride,
-              Acc(1));
+    store_result<T>(p.grad_dtype, dk + r * ldq, p.head_dim, p.dk.data, row_offset(p.dk, b, k0 + r, hk),
+                    p.dk.dim_stride, Acc(1));
+    store_result<T>(p.grad_dtype, dv + r * ldv, p.head_dim_v, p.dv.data, row_offset(p.dv, b, k0 + r, hk),
+                    p.dv.dim_stride, Acc(1));
   }
 }
 
@@ -188,11 +188,10 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     gemm_nn(qb.mq, ldq, nj, dp, lds, 1, k, ldq, tmp, ldq);  // dQ += dS K
     scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq, ldq);
   }
-  T* dqp = static_cast<T*>(p.dq.data);
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < qb.mq; ++r)
-    store_row(dq + r * ldq, p.head_dim, dqp + row_offset(p.dq, b, q0 + i0 + r, h), p.dq.dim_stride,
-              static_cast<Acc>(p.scale));
+    store_result<T>(p.grad_dtype, dq + r * ldq, p.head_dim, p.dq.data, row_offset(p.dq, b, q0 + i0 + r, h),
+                    p.dq.dim_stride, static_cast<Acc>(p.scale));
 }
 
 template <typename T, typename Acc>
@@ -208,7 +207,10 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
 
   parallel_for(bh * nqb, plan.threads, [&](int64_t task, int) {
     const int64_t b = task / nqb / p.heads_q, h = task / nqb % p.heads_q;
-    compute_delta<T, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
+    if (!std::is_same<T, float>::value && p.out_dtype == DType::f32)
+      compute_delta<T, float, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
+    else
+      compute_delta<T, T, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
   });
   parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
     const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;

@@ -42,6 +42,16 @@ inline void lse_store(const AttnParams& p, int64_t off, double x) {
     static_cast<float*>(p.lse.data)[off] = static_cast<float>(x);
 }
 
+// Results (out, dq, dk, dv) hold the storage type T, or f32 when T is a 16-bit type.
+template <typename T, typename Acc>
+inline void store_result(DType dt, const Acc* src, int64_t n, void* base, int64_t off, int64_t stride,
+                         Acc mul) {
+  if (!std::is_same<T, float>::value && dt == DType::f32)
+    store_row(src, n, static_cast<float*>(base) + off, stride, mul);
+  else
+    store_row(src, n, static_cast<T*>(base) + off, stride, mul);
+}
+
 template <typename T, typename Acc>
 void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qb,
                   Slice<Acc> ws) {
@@ -93,7 +103,6 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     scale_add(mq, ldv, alpha, pv, o, ldv);
   }
 
-  T* out = static_cast<T*>(p.out.data);
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < mq; ++r) {
     Acc mx = m[r], sum = l[r];
@@ -110,7 +119,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     // sum == 0 only when no key is visible: out = 0, lse = -inf (or the sink).
     const Acc mul = sum == Acc(0) ? Acc(0) : ores / sum;
     const Acc row_lse = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
-    store_row(o + r * ldv, dv, out + row_offset(p.out, b, q0 + i0 + r, h), p.out.dim_stride, mul);
+    store_result<T>(p.out_dtype, o + r * ldv, dv, p.out.data, row_offset(p.out, b, q0 + i0 + r, h),
+                    p.out.dim_stride, mul);
     lse_store(p, row_offset(p.lse, b, q0 + i0 + r, h), static_cast<double>(row_lse));
   }
 }

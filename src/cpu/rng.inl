@@ -1,12 +1,15 @@
 // Dropout's random keep decisions: Philox4x32-10 (Salmon et al., SC'11), a
 // counter-based generator, so any (b, h, i, j) can be regenerated on its own.
+// It draws at (x, y) = (rng_row0 + i, rng_col0 + j), so a block of a longer
+// attention (chunked or ring) gets the bits the whole would.
 //   key     = (seed_lo, seed_hi ^ offset_hi)
-//   counter = (j / 4, i, b * heads_q + h, offset_lo), lane j % 4
+//   counter = (floor(y / 4), x, b * heads_q + h, offset_lo), lane y mod 4
 // P[i, j] is kept when the lane's 32-bit value is >= p * 2^32.
 
 struct Philox {
   uint32_t key0, key1;
   uint32_t bh, off;
+  int64_t row0, col0;
   uint32_t threshold;
   bool active;
 
@@ -16,6 +19,8 @@ struct Philox {
     r.key1 = static_cast<uint32_t>(p.seed >> 32) ^ static_cast<uint32_t>(p.offset >> 32);
     r.bh = static_cast<uint32_t>(b * p.heads_q + h);
     r.off = static_cast<uint32_t>(p.offset);
+    r.row0 = p.rng_row0();
+    r.col0 = p.rng_col0();
     const double t = p.dropout_p * 4294967296.0;
     r.threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
     r.active = p.dropout_p > 0.0;
@@ -42,10 +47,11 @@ struct Philox {
   void keep_row(int64_t i, int64_t j0, int64_t n, uint8_t* keep) const {
     uint32_t lanes[4];
     int64_t jj = 0;
+    const uint32_t x = static_cast<uint32_t>(row0 + i);
     while (jj < n) {
-      const int64_t j = j0 + jj;
-      block(static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i), lanes);
-      for (int64_t lane = j & 3; lane < 4 && jj < n; ++lane, ++jj)
+      const int64_t y = col0 + j0 + jj;
+      block(static_cast<uint32_t>(y >> 2), x, lanes);
+      for (int64_t lane = y & 3; lane < 4 && jj < n; ++lane, ++jj)
         keep[jj] = lanes[lane] >= threshold ? 1 : 0;
     }
   }

@@ -12,7 +12,7 @@ struct HeadCtx {
   const AttnParams* p;
   int64_t b, h, hk;
   int64_t lq, lk;   // this sequence's lengths
-  int64_t shift;    // lk - lq: query i sits at key position i + shift
+  int64_t shift;    // query i sits at key index i + shift
   Acc slope;        // ALiBi slope, 0 when off
   Acc softcap;      // 0 when off
   const char* bias; // row i, col j at bias + (i * bias_rs + j * bias_cs) * bias_es bytes
@@ -23,7 +23,7 @@ struct HeadCtx {
 
   HeadCtx(const AttnParams& prm, int64_t b_, int64_t h_)
       : p(&prm), b(b_), h(h_), hk(h_ / (prm.heads_q / prm.heads_kv)), lq(prm.len_q(b_)),
-        lk(prm.len_k(b_)), shift(lk - lq), slope(0), softcap(static_cast<Acc>(prm.softcap)),
+        lk(prm.len_k(b_)), shift(prm.shift(b_)), slope(0), softcap(static_cast<Acc>(prm.softcap)),
         bias(nullptr), bias_rs(0), bias_cs(0), bias_es(0), mask(nullptr), mask_rs(0), mask_cs(0),
         rng(Philox::make(prm, b_, h_)) {
     if (prm.alibi)
