@@ -339,7 +339,6 @@ void write(const TensorView& v, int64_t offset, double x) { put(v, offset, x); }
 
 TensorView slice(const TensorView& v, int dim, int64_t start, int64_t len) {
   TensorView s = v;
-  if (v.shape[dim] == 1) return s;  // broadcast: every slice sees the one element
   s.data = static_cast<char*>(v.data) + start * v.strides[dim] * dtype_size(v.dtype);
   s.shape[dim] = len;
   return s;

@@ -25,12 +25,17 @@ DType acc_dtype(DType storage) { return storage == DType::f64 ? DType::f64 : DTy
 
 std::vector<int64_t> dims(const TensorView& v) { return {v.shape, v.shape + v.ndim}; }
 
+// bias/mask: a dimension of size 1 broadcasts, so every block sees it whole.
+TensorView bcast_slice(const TensorView& v, int dim, int64_t start, int64_t len) {
+  return v.shape[dim] == 1 ? v : slice(v, dim, start, len);
+}
+
 // The options of block (qi, kj): offsets into the whole, and the bias/mask/dbias slices.
 Options block_options(const Problem& p, int64_t q0, int64_t nq, int64_t k0, int64_t nk, bool first_key_block) {
   Options o = p.opts;
   o.block = Options::Block{q0, k0, p.c.seqlen_q, p.c.seqlen_k};
-  if (o.bias) o.bias = slice(slice(*o.bias, 2, q0, nq), 3, k0, nk);
-  if (o.mask) o.mask = slice(slice(*o.mask, 2, q0, nq), 3, k0, nk);
+  if (o.bias) o.bias = bcast_slice(bcast_slice(*o.bias, 2, q0, nq), 3, k0, nk);
+  if (o.mask) o.mask = bcast_slice(bcast_slice(*o.mask, 2, q0, nq), 3, k0, nk);
   if (!first_key_block) o.sinks.reset();
   return o;
 }
