@@ -1,0 +1,22 @@
+#include "tile_ops.hpp"
+
+namespace flashgrad::bench {
+
+namespace scalar { extern const TileOps table; }
+#if FLASHGRAD_BENCH_X86
+namespace avx2 { extern const TileOps table; }
+namespace avx512 { extern const TileOps table; }
+#endif
+
+const TileOps& tile_ops(Isa isa) {
+  kernels_for(isa);  // throws the library's error for an ISA this CPU or build lacks
+  switch (isa) {
+#if FLASHGRAD_BENCH_X86
+    case Isa::avx512: return avx512::table;
+    case Isa::avx2: return avx2::table;
+#endif
+    default: return scalar::table;
+  }
+}
+
+}  // namespace flashgrad::bench

@@ -1,0 +1,43 @@
+// The tile routines of src/cpu/ (the tile product, the softmax rows, the
+// register-block transpose) for each ISA, behind function pointers, so that
+// the micro-benchmarks (micro.cpp) and `flashgrad bench --sweep` can time each
+// ISA's copy on its own. Each tile_ops_<isa>.cpp compiles the same sources the
+// kernels use (vec_<isa>.inl, vec.inl, rows.inl) with that ISA's target.
+#pragma once
+
+#include <cstdint>
+
+#include "dispatch.hpp"
+
+namespace flashgrad::bench {
+
+struct TileOps {
+  Isa isa;
+  const char* name;
+  int64_t lanes;       ///< f32 lanes of the ISA's vector layer
+  int64_t block_rows;  ///< rows of the tile product's register block
+  int64_t block_cols;  ///< columns of that block; gemm_nn's n must be a multiple
+
+  // c [m, n] (row stride ldc) = A [m, k] * b [k, n] (row stride ldb), where
+  // A(r, p) = a[r * a_rs + p * a_cs]: a_rs = lda, a_cs = 1 for a row-major A,
+  // a_rs = 1, a_cs = lda for the transposed view the backward uses.
+  void (*gemm_nn)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                  const float* b, int64_t ldb, float* c, int64_t ldc);
+  // One register block: c [block_rows, block_cols] = A [block_rows, k] * b [k, block_cols].
+  void (*gemm_block)(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+                     float* c, int64_t ldc);
+  // s[j] = exp(s[j] - m) for j < n (a multiple of lanes); returns the sum.
+  float (*exp_row)(float* s, int64_t n, float m);
+  // max(init, s[0..n)).
+  float (*row_max)(const float* s, int64_t n, float init);
+  // p = exp(s - lse) into s, dS = p * (dp - delta) into dp.
+  void (*grad_row)(float* s, float* dp, int64_t n, float lse, float delta);
+  // dst [cols, rows] (row stride ldd) = transpose of src [rows, cols] (row stride lds);
+  // rows and cols multiples of 16.
+  void (*transpose)(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);
+};
+
+// The routines of an ISA this CPU and build support; throws flashgrad::Error otherwise.
+const TileOps& tile_ops(Isa isa);
+
+}  // namespace flashgrad::bench

@@ -1,0 +1,36 @@
+// The TileOps table of one ISA. Included by tile_ops_<isa>.cpp inside
+// namespace flashgrad::bench::<isa>, after vec_<isa>.inl, vec.inl and rows.inl.
+
+namespace {
+
+#if FG_VEC_GEMM
+constexpr int64_t kBlockRows = kGemmMr, kBlockCols = 2 * kLanes;
+void block_fn(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+              int64_t ldc) {
+  gemm_f32_block<kGemmMr>(k, a, a_rs, a_cs, b, ldb, c, ldc);
+}
+#else
+// The generic gemm_nn in vec.inl works in 4 x 8 blocks.
+constexpr int64_t kBlockRows = 4, kBlockCols = 8;
+void block_fn(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+              int64_t ldc) {
+  gemm_block<float, 4, 8>(k, a, a_rs, a_cs, b, ldb, c, ldc);
+}
+#endif
+
+void gemm_fn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+             int64_t ldb, float* c, int64_t ldc) {
+  gemm_nn(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+}
+float exp_fn(float* s, int64_t n, float m) { return exp_row(s, n, m); }
+float max_fn(const float* s, int64_t n, float init) { return row_max(s, n, init); }
+void grad_fn(float* s, float* dp, int64_t n, float lse, float delta) { grad_row(s, dp, n, lse, delta); }
+void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+  transpose(rows, cols, src, lds, dst, ldd);
+}
+
+}  // namespace
+
+extern const TileOps table;
+const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,   kBlockRows, kBlockCols, gemm_fn,
+                       block_fn,    exp_fn,      max_fn,   grad_fn,    transpose_fn};
