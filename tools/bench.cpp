@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "cli.hpp"
 #include "harness.hpp"
 
@@ -54,21 +55,6 @@ Case case_from_flags(Args& args) {
   return c;
 }
 
-// The same configuration with both sequence lengths scaled down together, so
-// that the f64 reference stays cheap but the mask's shape is kept.
-Case small_copy(const Case& c) {
-  constexpr int64_t kMaxSeqlen = 256;
-  Case s = c;
-  s.name = "bench_check";
-  s.batch = std::min<int64_t>(c.batch, 2);
-  const int64_t longest = std::max(c.seqlen_q, c.seqlen_k);
-  if (longest > kMaxSeqlen) {
-    s.seqlen_q = std::max<int64_t>(1, c.seqlen_q * kMaxSeqlen / longest);
-    s.seqlen_k = std::max<int64_t>(1, c.seqlen_k * kMaxSeqlen / longest);
-  }
-  return s;
-}
-
 std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64_t repeats) {
   testing::Outputs o = testing::make_outputs(p, false);
   const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
@@ -86,12 +72,6 @@ std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64
                      },
                      warmup, repeats)});
   return out;
-}
-
-double worst_fraction(const testing::Report& r) {
-  double worst = 0;
-  for (const auto& t : r.tensors) worst = std::max(worst, t.bound() > 0 ? t.err_kernel / t.bound() : 0.0);
-  return worst;
 }
 
 std::string config_json(const Case& c) {
@@ -150,6 +130,7 @@ void print_table(const Case& c, const Case& small, const testing::Report& r, int
 }  // namespace
 
 int run_bench(Args& args) {
+  if (args.has("--sweep")) return run_sweep(args);
   const Case c = case_from_flags(args);
   const int64_t repeats = args.integer("--repeats", 5, 1);
   const int64_t warmup = args.integer("--warmup", 1, 0);

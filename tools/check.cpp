@@ -2,6 +2,7 @@
 // harness's tolerance rule, one table row per output tensor.
 #include "check.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -47,6 +48,29 @@ std::vector<Case> cases_to_run(int64_t random, int64_t seed, int threads) {
 }
 
 }  // namespace
+
+Case small_copy(const Case& c) {
+  constexpr int64_t kMaxSeqlen = 256;
+  Case s = c;
+  s.name = c.name + "_check";
+  s.batch = std::min<int64_t>(c.batch, 2);
+  // Heads run the same code: keep at most two key/value heads, each with its
+  // whole group of query heads.
+  s.heads_kv = std::min<int64_t>(c.heads_kv, 2);
+  s.heads_q = c.heads_q / c.heads_kv * s.heads_kv;
+  const int64_t longest = std::max(c.seqlen_q, c.seqlen_k);
+  if (longest > kMaxSeqlen) {
+    s.seqlen_q = std::max<int64_t>(1, c.seqlen_q * kMaxSeqlen / longest);
+    s.seqlen_k = std::max<int64_t>(1, c.seqlen_k * kMaxSeqlen / longest);
+  }
+  return s;
+}
+
+double worst_fraction(const Report& r) {
+  double worst = 0;
+  for (const auto& t : r.tensors) worst = std::max(worst, t.bound() > 0 ? t.err_kernel / t.bound() : 0.0);
+  return worst;
+}
 
 CheckTotals check_cases(const std::vector<Case>& cases, bool backward, bool verbose) {
   CheckTotals s;

@@ -1,5 +1,5 @@
 // Running Case lists through the harness's tolerance rule, shared by
-// `flashgrad check` and `flashgrad demo`.
+// `flashgrad check`, `flashgrad demo` and `flashgrad bench`.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +21,15 @@ struct CheckTotals {
 // Checks every case, with a progress bar on a terminal. verbose: a row per
 // output tensor of every case; otherwise only failing cases are printed.
 CheckTotals check_cases(const std::vector<testing::Case>& cases, bool backward, bool verbose);
+
+// The same configuration with both sequence lengths scaled down together (the
+// longer to at most 256), at most 2 batches and 2 key/value heads (with their
+// query-head groups), so that the fp64 reference stays cheap but the mask's
+// shape and the GQA ratio are kept: what the benchmarks check before they time
+// a configuration.
+testing::Case small_copy(const testing::Case& c);
+
+// The largest err(kernel) / bound over the report's tensors.
+double worst_fraction(const testing::Report& r);
 
 }  // namespace flashgrad::tools

@@ -89,6 +89,8 @@ int run_bench(Args& args);
 int run_info(Args& args);
 int run_demo(Args& args);
 int run_measure(Args& args);
+int run_roofline(Args& args);
+int run_sweep(Args& args);  // `bench --sweep`
 
 std::string version();
 

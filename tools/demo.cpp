@@ -5,10 +5,7 @@
 // Every measurement runs in a child process (`flashgrad measure`); the peak
 // memory is that child's ru_maxrss as wait4() returns it, so it is resident
 // memory the operating system really gave, not an estimate.
-#include <cblas.h>
-
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +23,7 @@
 #include "dispatch.hpp"
 #include "harness.hpp"
 #include "naive_blas.hpp"
+#include "openblas.hpp"
 #include "reference.hpp"
 #include "system.hpp"
 
@@ -93,42 +91,6 @@ Settings parse_settings(Args& args) {
   s.plot = !args.has("--no-plot");
   args.finish();
   return s;
-}
-
-bool names_one_of(const std::string& core, std::initializer_list<const char*> names) {
-  std::string lower = core;
-  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (const char* name : names)
-    if (lower == name) return true;
-  return false;
-}
-
-// OpenBLAS picks its kernels from the CPU model. Where a virtual machine hides
-// the model it falls back to an SSE3 core ("Prescott") whose sgemm is several
-// times slower than the CPU allows, which would flatter flashgrad; so unless
-// OPENBLAS_CORETYPE is set, the children get the core the CPU's features allow.
-// Returns the core's name and where it came from.
-std::pair<std::string, std::string> choose_openblas_core() {
-  if (const char* set = std::getenv("OPENBLAS_CORETYPE"); set && *set) return {set, "from OPENBLAS_CORETYPE"};
-  const std::string detected = openblas_get_corename();
-  const bool avx512_core = names_one_of(detected, {"skylakex", "cooperlake", "sapphirerapids"});
-  const bool avx2_core = avx512_core || names_one_of(detected, {"haswell", "zen"});
-  const char* better = nullptr;
-  if (cpu_supports(Isa::avx512) && !avx512_core)
-    better = "SkylakeX";
-  else if (cpu_supports(Isa::avx2) && !avx2_core)
-    better = "Haswell";
-  if (!better) return {detected, "detected by OpenBLAS"};
-  setenv("OPENBLAS_CORETYPE", better, 1);
-  return {better, "OpenBLAS detected " + detected + "; set OPENBLAS_CORETYPE to override"};
-}
-
-// "OpenBLAS 0.3.21": the first two words of its configuration string.
-std::string blas_version() {
-  std::istringstream config(openblas_get_config());
-  std::string name, number;
-  config >> name >> number;
-  return name + " " + number;
 }
 
 // --- (a) correctness --------------------------------------------------------
@@ -404,7 +366,7 @@ std::string demo_json(const Demo& d) {
                             .str())
       .add_raw("edge_cases", Json().add("passed", d.edge_passed).add("total", d.edge_total).str())
       .add("baseline_check", d.baseline_check)
-      .add("openblas", blas_version())
+      .add("openblas", openblas_version())
       .add("openblas_core", d.blas_core)
       .add("openblas_core_origin", d.blas_core_origin)
       .add("process_floor_bytes", d.floor_bytes)
@@ -516,7 +478,7 @@ int run_demo(Args& args) {
   const int threads = d.settings.threads > 0 ? d.settings.threads : max_threads();
   std::printf("flashgrad %s demo: isa %s, %d threads, %.1f GiB available\n", version().c_str(), isa_name(),
               threads, mib(available_bytes(d)) / 1024);
-  std::printf("baseline: %s sgemm, core %s (%s)\n\n", blas_version().c_str(), d.blas_core.c_str(),
+  std::printf("baseline: %s sgemm, core %s (%s)\n\n", openblas_version().c_str(), d.blas_core.c_str(),
               d.blas_core_origin.c_str());
 
   std::printf("(a) correctness against the fp64 reference\n");

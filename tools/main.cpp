@@ -17,12 +17,14 @@ const char* const kOverview =
     "commands:\n"
     "  check    compare the kernels with the fp64 reference on the edge cases\n"
     "           and on random cases; exits 1 if any case fails\n"
-    "  bench    check, then time forward and backward for one configuration\n"
+    "  bench    check, then time forward and backward for one configuration;\n"
+    "           with --sweep, the benchmark suite against GEMM, memory and peers\n"
     "  demo     correctness, then time and peak memory of flashgrad against\n"
     "           materialized attention on OpenBLAS as the sequence grows\n"
     "  info     version, SIMD paths and threads\n"
-    "  measure  one timed forward+backward in this process (the demo runs it\n"
-    "           in a child process to read that child's peak memory)\n"
+    "  measure  one timed forward+backward in this process (the demo and the\n"
+    "           sweep run it in a child process to read that child's peak memory)\n"
+    "  roofline this machine's SGEMM, bf16 GEMM and memory bandwidth\n"
     "\n"
     "`flashgrad <command> --help` lists the flags of a command.\n"
     "FLASHGRAD_ISA=scalar|avx2|avx512 forces a SIMD path.\n";
@@ -49,7 +51,21 @@ const std::map<std::string, const char*> kUsage = {
      "  --threads T          (default: all cores)\n"
      "  --repeats N          timed calls per pass; the median is reported (default 5)\n"
      "  --warmup N           untimed calls first (default 1)\n"
-     "  --json               print one JSON object instead of the table\n"},
+     "  --json               print one JSON object instead of the table\n"
+     "\n"
+     "usage: flashgrad bench --sweep [--quick] [--out DIR] [--max-seqlen L] [--min-seqlen L]\n"
+     "                       [--threads T] [--budget-s S] [--no-torch] [--no-plot]\n"
+     "  The benchmark suite (docs/performance.md): the machine's GEMM and memory rates,\n"
+     "  then f32/bf16, d 64/128, causal or not, L doubling from --min-seqlen (512) to\n"
+     "  --max-seqlen (8192): flashgrad (checked first), naive OpenBLAS attention and\n"
+     "  PyTorch, each in a child process for its peak memory; short queries, call\n"
+     "  overhead and thread scaling. Writes sweep.md, sweep.json and PNG plots.\n"
+     "  --out DIR      (default out/sweep)\n"
+     "  --quick        a small subset: L <= 1024, d 64, short runs, torch at L=512 only\n"
+     "  --budget-s S   skip a peer at a length whose predicted time would end past S\n"
+     "                 seconds of the whole run (default 840; 45 with --quick)\n"
+     "  --no-torch     leave PyTorch out\n"
+     "  --no-plot      do not draw the PNGs\n"},
     {"info", "usage: flashgrad info\n"},
     {"demo",
      "usage: flashgrad demo [--out DIR] [--threads T] [--budget-s S] [--min-seqlen L]\n"
@@ -66,11 +82,19 @@ const std::map<std::string, const char*> kUsage = {
     {"measure",
      "usage: flashgrad measure --impl flashgrad|naive|none --seqlen L [--causal]\n"
      "                         [--batch B] [--heads H] [--head-dim D] [--threads T]\n"
-     "                         [--min-time S]\n"
-     "  Times forward+backward (f32): one warmup call, then at least 3 calls and\n"
-     "  --min-time seconds (default 1); a warmup slower than that is reported\n"
-     "  alone. Prints 'ms=<median> runs=<n> vmhwm=<bytes> flops=<n>'. --impl none\n"
-     "  only allocates the tensors, for the memory floor.\n"},
+     "                         [--dtype f32|bf16|f16|f64] [--min-time S] [--split]\n"
+     "  Times forward+backward (naive: f32 only): one warmup call, then at least 3\n"
+     "  calls and --min-time seconds (default 1); a warmup slower than that is\n"
+     "  reported alone. Prints 'ms=<median> runs=<n> vmhwm=<bytes> flops=<n>'.\n"
+     "  --split times forward and backward apart in every run (always at least 3\n"
+     "  runs) and adds fwd_ms, bwd_ms and fwd_bwd_ms. --impl none only allocates\n"
+     "  the tensors, for the memory floor.\n"},
+    {"roofline",
+     "usage: flashgrad roofline [--threads T] [--quick] [--json]\n"
+     "  The rates the sweep divides flashgrad's by: OpenBLAS SGEMM (n=2048, T threads\n"
+     "  and 1), oneDNN bf16 GEMM (n=2048; n/a without oneDNN), the tile products'\n"
+     "  shapes with OpenBLAS and with flashgrad's tile product (1 thread), STREAM\n"
+     "  triad and memcpy bandwidth (T threads). Medians after a warm-up call.\n"},
 };
 
 std::vector<std::string> isa_names() {
@@ -85,8 +109,9 @@ int dispatch(const std::string& command, Args& args) {
   if (command == "info") return run_info(args);
   if (command == "demo") return run_demo(args);
   if (command == "measure") return run_measure(args);
+  if (command == "roofline") return run_roofline(args);
   throw UsageError("flashgrad: unknown command '" + command +
-                   "'; expected check, bench, demo, info or measure");
+                   "'; expected check, bench, demo, info, measure or roofline");
 }
 
 }  // namespace

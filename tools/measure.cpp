@@ -1,6 +1,6 @@
 // `flashgrad measure`: one timed forward+backward in this process. The demo
-// runs it as a child so that the child's ru_maxrss is this measurement's peak
-// memory and nothing else's.
+// and the sweep run it as a child so that the child's ru_maxrss is this
+// measurement's peak memory and nothing else's.
 #include <cblas.h>
 #include <omp.h>
 
@@ -19,7 +19,8 @@ namespace {
 testing::Case demo_case(Args& args) {
   testing::Case c;
   c.name = "measure";
-  c.dtype = DType::f32;
+  const std::string dtype = args.choice("--dtype", "f32", {"f32", "bf16", "f16", "f64"});
+  c.dtype = dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : dtype == "f64" ? DType::f64 : DType::f32;
   c.batch = args.integer("--batch", 1, 1);
   c.seqlen_q = c.seqlen_k = args.integer("--seqlen", 0, 1);
   if (c.seqlen_q == 0) throw UsageError("flashgrad measure: flag --seqlen is required");
@@ -45,6 +46,25 @@ std::vector<double> timed_runs(const std::function<void()>& fn, double min_time)
   return times;
 }
 
+// As timed_runs, but forward and backward are timed apart in each run:
+// [0] forward, [1] backward, [2] their sum in the same run.
+std::vector<std::vector<double>> timed_split_runs(const std::function<void()>& fwd, const std::function<void()>& bwd,
+                                                  double min_time) {
+  fwd();
+  bwd();
+  constexpr size_t kMinRuns = 3, kMaxRuns = 20;
+  std::vector<std::vector<double>> times(3);
+  double total = 0;
+  while (times[2].size() < kMaxRuns && (times[2].size() < kMinRuns || total < min_time)) {
+    const double f = time_calls(fwd, 0, 1).front(), b = time_calls(bwd, 0, 1).front();
+    times[0].push_back(f);
+    times[1].push_back(b);
+    times[2].push_back(f + b);
+    total += f + b;
+  }
+  return times;
+}
+
 // VmHWM of this process image, as a cross-check of the parent's ru_maxrss.
 int64_t vm_hwm_bytes() {
   std::ifstream in("/proc/self/status");
@@ -61,7 +81,11 @@ int run_measure(Args& args) {
   if (impl.empty()) throw UsageError("flashgrad measure: flag --impl is required");
   const testing::Case c = demo_case(args);
   const double min_time = args.real("--min-time", 1.0, 0.0);
+  const bool split = args.has("--split");
   args.finish();
+  if (impl == "naive" && c.dtype != DType::f32)
+    throw UsageError("flashgrad measure: the naive baseline is f32 only, got --dtype " +
+                     std::string(dtype_name(c.dtype)));
   if (c.num_threads > 0) {
     omp_set_num_threads(c.num_threads);
     openblas_set_num_threads(c.num_threads);
@@ -69,24 +93,36 @@ int run_measure(Args& args) {
 
   const testing::Problem p = testing::make_problem(c);
   testing::Outputs o = testing::make_outputs(p, false);
-  std::function<void()> fn;
+  std::function<void()> fwd, bwd;
   NaiveAttention naive(c.causal, 0.0);
   if (impl == "flashgrad") {
     const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
-    fn = [&p, &o, g] {
-      forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);
+    fwd = [&p, &o] { forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
+    bwd = [&p, &o, g] {
       backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
     };
   } else if (impl == "naive") {
     naive.prepare(p.q.view, p.k.view, p.v.view);
-    fn = [&] {
-      naive.forward(p.q.view, p.k.view, p.v.view, o.out.view);
-      naive.backward(p.q.view, p.k.view, p.v.view, p.dout.view, o.dq.view, o.dk.view, o.dv.view);
-    };
+    fwd = [&] { naive.forward(p.q.view, p.k.view, p.v.view, o.out.view); };
+    bwd = [&] { naive.backward(p.q.view, p.k.view, p.v.view, p.dout.view, o.dq.view, o.dk.view, o.dv.view); };
   }
-  const std::vector<double> times = fn ? timed_runs(fn, min_time) : std::vector<double>{};
+  const double flops = 3.5 * c.forward_flops();
+  if (split && fwd) {
+    const auto t = timed_split_runs(fwd, bwd, min_time);
+    std::printf("ms=%.4f fwd_ms=%.4f bwd_ms=%.4f fwd_bwd_ms=%.4f runs=%zu vmhwm=%lld flops=%.6g\n",
+                1e3 * median(t[2]), 1e3 * median(t[0]), 1e3 * median(t[1]), 1e3 * median(t[2]), t[2].size(),
+                static_cast<long long>(vm_hwm_bytes()), flops);
+    return 0;
+  }
+  std::function<void()> both;
+  if (fwd)
+    both = [&] {
+      fwd();
+      bwd();
+    };
+  const std::vector<double> times = both ? timed_runs(both, min_time) : std::vector<double>{};
   std::printf("ms=%.4f runs=%zu vmhwm=%lld flops=%.6g\n", 1e3 * median(times), times.size(),
-              static_cast<long long>(vm_hwm_bytes()), 3.5 * c.forward_flops());
+              static_cast<long long>(vm_hwm_bytes()), flops);
   return 0;
 }
 

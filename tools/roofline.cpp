@@ -1,0 +1,356 @@
+// `flashgrad roofline`: the rates this machine's libraries reach, which the
+// sweep divides flashgrad's rates by. All in this process:
+//
+//   SGEMM      OpenBLAS cblas_sgemm, n = 2048 square, T threads and 1 thread
+//   bf16 GEMM  oneDNN matmul bf16 x bf16 -> f32, n = 2048, T threads (and
+//              oneDNN's f32 matmul beside it); "n/a" when built without oneDNN
+//   tiles      the tile products' shapes (bench/tile_ops.hpp), 1 thread:
+//              OpenBLAS sgemm and flashgrad's own tile product on the same operands
+//   memory     STREAM triad a = b + s * c over doubles (3 x 8 bytes per element
+//              counted, as STREAM does: the write-allocate read is not), and
+//              memcpy (read + write counted), T threads
+//
+// Every rate is the median over repeated calls after a warm-up call.
+#include <cblas.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if FLASHGRAD_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+#if FLASHGRAD_HAVE_TILE_OPS
+#include "tile_ops.hpp"
+#endif
+
+#include "cli.hpp"
+#include "dispatch.hpp"
+#include "flashgrad/flashgrad.hpp"
+#include "openblas.hpp"
+#include "system.hpp"
+
+namespace flashgrad::tools {
+namespace {
+
+struct Settings {
+  int threads = 0;
+  bool quick = false;
+  bool json = false;
+  int64_t gemm_n = 2048;
+  int repeats = 5;
+};
+
+// The median of `repeats` timed calls after one warm-up, as work per second.
+double median_rate(const std::function<void()>& fn, double work, int repeats) {
+  return work / median(time_calls(fn, 1, repeats));
+}
+
+// Work per second of a call that takes microseconds: calls are timed in
+// batches of at least 20 ms, and the median batch is reported.
+double median_rate_small(const std::function<void()>& fn, double work, int batches) {
+  fn();
+  int64_t per_batch = 1;
+  for (double t = 0; t < 0.02; per_batch *= 2) {
+    const double t0 = now_seconds();
+    for (int64_t i = 0; i < per_batch; ++i) fn();
+    t = now_seconds() - t0;
+  }
+  std::vector<double> rates;
+  for (int b = 0; b < batches; ++b) {
+    const double t0 = now_seconds();
+    for (int64_t i = 0; i < per_batch; ++i) fn();
+    rates.push_back(work * static_cast<double>(per_batch) / (now_seconds() - t0));
+  }
+  return median(rates);
+}
+
+// OpenBLAS's worker threads and OpenMP's spin a little after a call; a pause
+// between measurements keeps one library's spinning out of the next one's time.
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+std::vector<float> uniform(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
+double sgemm_gflops(int64_t n, int threads, int repeats) {
+  openblas_set_num_threads(threads);
+  const std::vector<float> a = uniform(static_cast<size_t>(n * n), 1), b = uniform(static_cast<size_t>(n * n), 2);
+  std::vector<float> c(static_cast<size_t>(n * n));
+  const int ni = static_cast<int>(n);
+  auto call = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(), ni, 0.0f,
+                c.data(), ni);
+  };
+  const double rate = median_rate(call, 2.0 * static_cast<double>(n * n * n), repeats) / 1e9;
+  settle();
+  return rate;
+}
+
+#if FLASHGRAD_HAVE_DNNL
+// oneDNN matmul c [n, n] f32 = a [n, n] * b [n, n], a and b of type `in`, plain
+// row-major layouts (the matmul packs b itself, as cblas_sgemm does).
+double dnnl_gflops(dnnl::memory::data_type in, int64_t n, int threads, int repeats, std::string* impl) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  omp_set_num_threads(threads);
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl::memory::desc a_md({n, n}, in, tag::ab), b_md({n, n}, in, tag::ab), c_md({n, n}, dt::f32, tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+  *impl = pd.impl_info_str();
+  dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
+  uint32_t seed = 3;
+  for (dnnl::memory* m : {&a, &b}) {
+    const std::vector<float> x = uniform(static_cast<size_t>(n * n), seed++);
+    if (in == dt::bf16) {
+      auto* dst = static_cast<uint16_t*>(m->get_data_handle());
+      for (size_t i = 0; i < x.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &x[i], 4);
+        dst[i] = static_cast<uint16_t>(bits >> 16);  // exact enough for timing: truncation
+      }
+    } else {
+      std::memcpy(m->get_data_handle(), x.data(), x.size() * sizeof(float));
+    }
+  }
+  const dnnl::matmul matmul(pd);
+  auto call = [&] {
+    matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  };
+  const double rate = median_rate(call, 2.0 * static_cast<double>(n * n * n), repeats) / 1e9;
+  settle();
+  return rate;
+}
+#endif
+
+// The products of one tile step (as in bench/micro.cpp): forward, a 128-row
+// query tile against a 64-key tile; backward, 64 x 64 tiles with dS read transposed.
+struct TileShape {
+  const char* name;
+  int64_t m, n, k;
+  bool transposed_a;
+};
+const TileShape kTileShapes[] = {
+    {"S = Q K^T and O += P V, d = 64", 128, 64, 64, false},
+    {"S = Q K^T, d = 128", 128, 64, 128, false},
+    {"O += P V, d = 128", 128, 128, 64, false},
+    {"dK += dS^T Q, d = 64", 64, 64, 64, true},
+    {"dK += dS^T Q, d = 128", 64, 128, 64, true},
+};
+
+struct TileRate {
+  TileShape shape;
+  double openblas_gflops = 0;
+  double flashgrad_gflops = NAN;
+};
+
+std::vector<TileRate> tile_rates(int batches) {
+  openblas_set_num_threads(1);
+  std::vector<TileRate> out;
+  for (const TileShape& s : kTileShapes) {
+    const std::vector<float> a = uniform(static_cast<size_t>(s.m * s.k), 4), b = uniform(static_cast<size_t>(s.k * s.n), 5);
+    std::vector<float> c(static_cast<size_t>(s.m * s.n));
+    const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
+    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+    TileRate r{s};
+    // A is stored [m, k], or [k, m] and read transposed.
+    const CBLAS_TRANSPOSE ta = s.transposed_a ? CblasTrans : CblasNoTrans;
+    const int lda = s.transposed_a ? m : k;
+    r.openblas_gflops = median_rate_small(
+        [&] { cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, n, k, 1.0f, a.data(), lda, b.data(), n, 0.0f, c.data(), n); },
+        flops, batches) / 1e9;
+#if FLASHGRAD_HAVE_TILE_OPS
+    const bench::TileOps& ops = bench::tile_ops(kernels().isa);
+    const int64_t a_rs = s.transposed_a ? 1 : s.k, a_cs = s.transposed_a ? s.m : 1;
+    r.flashgrad_gflops = median_rate_small(
+        [&] { ops.gemm_nn(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), s.n, c.data(), s.n); }, flops, batches) / 1e9;
+#endif
+    out.push_back(r);
+  }
+  return out;
+}
+
+// 64-byte aligned doubles, first touched by the threads that will use them.
+struct Doubles {
+  double* p;
+  explicit Doubles(int64_t n) : p(static_cast<double*>(std::aligned_alloc(64, static_cast<size_t>(n) * 8))) {
+    if (!p) throw std::runtime_error("cannot allocate the bandwidth test's arrays");
+  }
+  ~Doubles() { std::free(p); }
+  Doubles(const Doubles&) = delete;
+  Doubles& operator=(const Doubles&) = delete;
+};
+
+double triad_gbs(int64_t n, int threads, int repeats) {
+  Doubles a(n), b(n), c(n);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    a.p[i] = 0.0;
+    b.p[i] = 1.0;
+    c.p[i] = 2.0;
+  }
+  const double s = 3.0;
+  auto triad = [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) a.p[i] = b.p[i] + s * c.p[i];
+  };
+  const double rate = median_rate(triad, 3.0 * 8.0 * static_cast<double>(n), repeats) / 1e9;
+  if (a.p[n / 2] != 7.0) throw std::runtime_error("the triad computed a wrong result");
+  settle();
+  return rate;
+}
+
+double memcpy_gbs(int64_t bytes, int threads, int repeats) {
+  const int64_t n = bytes / 8;
+  Doubles src(n), dst(n);
+  const int64_t chunk = (n + threads - 1) / threads;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+    for (int64_t i = lo; i < hi; ++i) src.p[i] = static_cast<double>(i), dst.p[i] = 0.0;
+  }
+  auto copy = [&] {
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+      if (hi > lo) std::memcpy(dst.p + lo, src.p + lo, static_cast<size_t>(hi - lo) * 8);
+    }
+  };
+  const double rate = median_rate(copy, 2.0 * static_cast<double>(n * 8), repeats) / 1e9;
+  if (dst.p[n - 1] != static_cast<double>(n - 1)) throw std::runtime_error("memcpy copied a wrong result");
+  settle();
+  return rate;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+struct Rates {
+  double sgemm = 0, sgemm_1t = 0, bf16 = NAN, dnnl_f32 = NAN, triad = 0, copy = 0;
+  std::string dnnl_impl_bf16 = "n/a", dnnl_impl_f32 = "n/a";
+  std::vector<TileRate> tiles;
+};
+
+std::string rates_json(const Settings& s, const Rates& r, const std::string& core, const std::string& core_origin) {
+  std::vector<std::string> tiles;
+  for (const TileRate& t : r.tiles)
+    tiles.push_back(Json()
+                        .add("product", t.shape.name)
+                        .add("m", t.shape.m)
+                        .add("n", t.shape.n)
+                        .add("k", t.shape.k)
+                        .add("transposed_a", t.shape.transposed_a)
+                        .add("openblas_gflops", t.openblas_gflops)
+                        .add("flashgrad_gflops", t.flashgrad_gflops)
+                        .str());
+  return Json()
+      .add("cpu", cpu_model())
+      .add("isa", isa_name())
+      .add("threads", s.threads)
+      .add("openblas", openblas_version())
+      .add("openblas_core", core)
+      .add("openblas_core_origin", core_origin)
+      .add("gemm_n", s.gemm_n)
+      .add("sgemm_gflops", r.sgemm)
+      .add("sgemm_1thread_gflops", r.sgemm_1t)
+      .add("bf16_gemm_gflops", r.bf16)
+      .add("bf16_gemm_impl", r.dnnl_impl_bf16)
+      .add("dnnl_f32_gemm_gflops", r.dnnl_f32)
+      .add("dnnl_f32_gemm_impl", r.dnnl_impl_f32)
+      .add("triad_gbs", r.triad)
+      .add("memcpy_gbs", r.copy)
+      .add_raw("tiles", Json::array(tiles))
+      .str();
+}
+
+std::string rate_text(double x) { return std::isfinite(x) ? format("%.1f", x) : "n/a"; }
+
+void print_rates(const Settings& s, const Rates& r, const std::string& core) {
+  std::printf("flashgrad %s roofline: %s, %d threads, isa %s\n\n", version().c_str(), cpu_model().c_str(),
+              s.threads, isa_name());
+  const long long n = static_cast<long long>(s.gemm_n);
+  std::printf("  SGEMM (%s, core %s) n=%lld:  %s GFLOP/s, %s with 1 thread\n", openblas_version().c_str(),
+              core.c_str(), n, rate_text(r.sgemm).c_str(), rate_text(r.sgemm_1t).c_str());
+  std::printf("  bf16 GEMM (oneDNN %s) n=%lld: %s GFLOP/s\n", r.dnnl_impl_bf16.c_str(), n, rate_text(r.bf16).c_str());
+  std::printf("  f32 GEMM (oneDNN %s) n=%lld:  %s GFLOP/s\n", r.dnnl_impl_f32.c_str(), n, rate_text(r.dnnl_f32).c_str());
+  std::printf("  memory: triad %.1f GB/s, memcpy %.1f GB/s\n\n", r.triad, r.copy);
+  std::printf("  tile products, 1 thread (GFLOP/s):  %-26s %6s %6s %9s %9s\n", "", "m", "n", "OpenBLAS", "flashgrad");
+  for (const TileRate& t : r.tiles)
+    std::printf("  %-62s %6lld %6lld %9.1f %9s\n", t.shape.name, static_cast<long long>(t.shape.m),
+                static_cast<long long>(t.shape.n), t.openblas_gflops, rate_text(t.flashgrad_gflops).c_str());
+}
+
+// This process's OpenBLAS chose its core when it loaded; when choose_openblas_core()
+// has just set a better one for children, run this command again as one.
+void restart_with_core(const std::string& core) {
+  if (openblas_core_is(core) || std::getenv("FLASHGRAD_ROOFLINE_RESTARTED")) return;
+  setenv("FLASHGRAD_ROOFLINE_RESTARTED", "1", 1);  // once: the core may not be one OpenBLAS can run
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+  std::vector<char*> raw;
+  const std::string exe = self_executable();
+  raw.push_back(const_cast<char*>(exe.c_str()));
+  for (size_t i = 1; i < argv.size(); ++i) raw.push_back(argv[i].data());
+  raw.push_back(nullptr);
+  std::fflush(stdout);
+  execv(exe.c_str(), raw.data());
+  std::fprintf(stderr, "flashgrad roofline: could not restart with OPENBLAS_CORETYPE=%s; measuring as is\n",
+               core.c_str());
+}
+
+}  // namespace
+
+int run_roofline(Args& args) {
+  Settings s;
+  s.threads = static_cast<int>(args.integer("--threads", max_threads(), 1, 4096));
+  s.quick = args.has("--quick");
+  s.json = args.has("--json");
+  args.finish();
+  s.repeats = s.quick ? 3 : 7;
+  const auto [core, core_origin] = choose_openblas_core();
+  restart_with_core(core);
+
+  Rates r;
+#if FLASHGRAD_HAVE_DNNL
+  r.bf16 = dnnl_gflops(dnnl::memory::data_type::bf16, s.gemm_n, s.threads, s.repeats, &r.dnnl_impl_bf16);
+  r.dnnl_f32 = dnnl_gflops(dnnl::memory::data_type::f32, s.gemm_n, s.threads, s.repeats, &r.dnnl_impl_f32);
+#endif
+  r.sgemm = sgemm_gflops(s.gemm_n, s.threads, s.repeats);
+  r.sgemm_1t = sgemm_gflops(s.gemm_n, 1, s.repeats);
+  r.tiles = tile_rates(s.quick ? 3 : 5);
+  // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
+  r.triad = triad_gbs(s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25), s.threads, s.quick ? 3 : 10);
+  r.copy = memcpy_gbs(s.quick ? (int64_t{128} << 20) : (int64_t{512} << 20), s.threads, s.quick ? 3 : 10);
+  if (s.json)
+    std::printf("%s\n", rates_json(s, r, core, core_origin).c_str());
+  else
+    print_rates(s, r, core);
+  return 0;
+}
+
+}  // namespace flashgrad::tools

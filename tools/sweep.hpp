@@ -1,0 +1,160 @@
+// `flashgrad bench --sweep`: the benchmark suite of docs/performance.md, in
+// one run on one machine:
+//
+//   machine   SGEMM, bf16 GEMM and memory bandwidth (`flashgrad roofline`, a child)
+//   grid      forward, backward and both, f32 and bf16, d in {64, 128}, causal
+//             and not, L = 512 .. --max-seqlen, B = 1, 8 heads: flashgrad, the
+//             naive OpenBLAS attention (f32) and PyTorch's decomposed attention,
+//             each in a child process for its peak memory (sweep.cpp)
+//   extras    short queries against K/V bandwidth, call overhead at L = 128,
+//             2 threads against 1 (sweep_extras.cpp, in this process)
+//   reports   sweep.md, sweep.json and PNG plots (sweep_report.cpp, plot_sweep.py)
+//
+// Every flashgrad configuration is checked against the fp64 reference on a
+// small copy (check.hpp's small_copy) before it is timed.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "flashgrad/flashgrad.hpp"
+#include "harness.hpp"
+
+namespace flashgrad::tools::sweep {
+
+constexpr int64_t kBatch = 1, kHeads = 8;
+
+struct Settings {
+  std::filesystem::path out_dir;
+  int threads = 0;
+  int64_t min_seqlen = 512, max_seqlen = 8192;
+  bool quick = false;
+  bool torch = true;
+  bool plot = true;
+  double budget_s = 840;  // the whole run; the grid's peers are skipped past it
+  double min_time = 1.0;  // seconds of timed calls per child measurement (at least 3 calls)
+};
+
+// One run of `flashgrad roofline --json`.
+struct MachineRates {
+  std::string json;  // the roofline's object as it printed it; empty when not run
+  double sgemm_gflops = NAN, sgemm_1thread_gflops = NAN, bf16_gemm_gflops = NAN, dnnl_f32_gflops = NAN;
+  double triad_gbs = NAN, memcpy_gbs = NAN;
+  std::string bf16_gemm_impl;
+  struct Tile {  // one tile product's shape, OpenBLAS and flashgrad on it, 1 thread
+    std::string product, shape;
+    double openblas_gflops = NAN, flashgrad_gflops = NAN;
+  };
+  std::vector<Tile> tiles;
+};
+
+// The rates flashgrad's are divided by, measured at the start and at the end
+// of the sweep; the higher of the two is used, so that a busy moment of the
+// machine during one of them cannot flatter flashgrad.
+struct Machine {
+  MachineRates start, end;
+  double best(double MachineRates::*rate) const {
+    const double a = start.*rate, b = end.*rate;
+    return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
+  }
+  // SGEMM for f32 (and f16/f64), bf16 GEMM for bf16.
+  double gemm_gflops(DType t) const {
+    return best(t == DType::bf16 ? &MachineRates::bf16_gemm_gflops : &MachineRates::sgemm_gflops);
+  }
+  const char* gemm_name(DType t) const { return t == DType::bf16 ? "bf16 GEMM" : "SGEMM"; }
+  double triad_gbs() const { return best(&MachineRates::triad_gbs); }
+};
+
+// One point of the grid.
+struct Config {
+  DType dtype = DType::f32;
+  int64_t head_dim = 64;
+  bool causal = false;
+  int64_t seqlen = 512;
+  testing::Case to_case(int threads) const;
+  std::string shape() const;  // "bf16 d=128 causal", without L
+};
+
+// One implementation timed on one configuration, in a child process.
+struct Timing {
+  bool present = false;
+  double fwd_ms = 0, bwd_ms = 0, fwd_bwd_ms = 0;  // medians; fwd_bwd: of each run's sum
+  int64_t runs = 0;
+  int64_t peak_bytes = 0;  // the child's ru_maxrss
+  double wall_s = 0;       // the whole child
+  std::string note;        // why there is no timing
+};
+
+struct GridRow {
+  Config c;
+  double forward_flops = 0;  // 4 B Hq Lq Lk d, halved when causal; backward counts 2.5x
+  Timing flash, naive, torch;
+};
+
+// Forward of a few queries against long K/V: bound by reading K and V.
+struct ShortQuery {
+  DType dtype = DType::f32;
+  int64_t seqlen_q = 1, seqlen_k = 0, head_dim = 128;
+  double ms = 0;
+  double kv_bytes = 0;
+  double gbs() const { return kv_bytes / (ms * 1e6); }
+};
+
+// Time per call at L = 128, and how much of it is outside the kernels.
+struct Overhead {
+  std::string pass;         // "forward" or "backward"
+  double api_us = 0;        // flashgrad::forward/backward, all threads
+  double kernel_us = 0;     // the kernel table's entry alone, parameters and workspace made once
+  double validate_us = 0;   // *_workspace_bytes(): validation and tile plan
+  double workspace_us = 0;  // allocating and freeing the workspace
+  double api_1thread_us = 0;
+};
+
+// Threads against one thread.
+struct Scaling {
+  int64_t seqlen = 0, head_dim = 0;
+  double fwd_ms_1 = 0, fwd_ms_n = 0, bwd_ms_1 = 0, bwd_ms_n = 0;
+};
+
+struct Check {
+  std::string config, small_case;
+  bool passed = false;
+  double worst_fraction = 0;
+};
+
+struct Sweep {
+  Settings settings;
+  std::string exe;
+  double start = 0, seconds = 0;
+  std::string started_utc;
+  std::string load_start, load_end;  // /proc/loadavg
+  std::string blas_core, blas_core_origin;
+  Machine machine;
+  std::string torch_version;  // empty: PyTorch is not used
+  std::string torch_note;
+  bool jemalloc = false;
+  int64_t floor_flash = 0, floor_torch = 0;  // peak of a child that only starts up
+  std::vector<Check> checks;
+  std::vector<GridRow> grid;
+  std::vector<ShortQuery> short_queries;
+  std::vector<Overhead> overhead;
+  std::vector<Scaling> scaling;
+  bool check_failed = false;
+};
+
+// The check before timing: c's small copy against the fp64 reference, once per
+// distinct small copy. False (and recorded) when the kernels fail it.
+bool check_config(Sweep& s, const testing::Case& c);
+int threads_of(const Sweep& s);
+double elapsed(const Sweep& s);
+
+void run_extras(Sweep& s);                  // sweep_extras.cpp
+void write_reports(Sweep& s);               // sweep_report.cpp
+std::string load_average();                 // the first three fields of /proc/loadavg
+std::string tool_file(const char* name);    // a script beside the binary, or in the source tree
+
+}  // namespace flashgrad::tools::sweep
