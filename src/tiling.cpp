@@ -39,7 +39,15 @@ TilePlan plan_forward(const AttnParams& p) {
   // The forward keeps no per-key state, so a taller query tile halves the
   // K/V tile loads and transposes per FLOP (docs/performance.md).
   if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = 128;
+  t.group = p.heads_q / std::max<int64_t>(p.heads_kv, 1);
+  t.head_rows = std::max<int64_t>(1, std::min(t.block_q / t.group, std::max<int64_t>(p.seqlen_q, 1)));
+  t.block_q = t.group * t.head_rows;
   t.bq_pad = round_up(t.block_q, kPad);
+  t.split_k = std::max<int64_t>(p.seqlen_k, 1);
+  if (p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys) {
+    t.split_k = kSplitKeys;
+    t.splits = ceil_div(p.seqlen_k, kSplitKeys);
+  }
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
   f.q = c.take(t.block_q * t.dqk_pad);
@@ -57,6 +65,13 @@ TilePlan plan_forward(const AttnParams& p) {
   f.total = c.at;
   t.per_thread_bytes = round_up(f.total * t.acc_bytes, kAlign);
   t.shared_bytes = 0;
+  if (t.splits > 1) {
+    Carver s{t.acc_bytes};
+    const int64_t rows = t.splits * p.batch * p.heads_q * p.seqlen_q;
+    f.part_o = s.take(rows * p.head_dim_v);
+    f.part_lse = s.take(rows);
+    t.shared_bytes = s.at * t.acc_bytes;
+  }
   return t;
 }
 

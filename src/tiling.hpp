@@ -21,6 +21,9 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Offsets are in elements from the start of the thread's slice.
 struct ForwardScratch {
   int64_t q, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, total;
+  // Shared, when the keys are split: partial out [splits, batch, heads_q, seqlen_q, dv]
+  // and lse [splits, batch, heads_q, seqlen_q], from the start of the shared region.
+  int64_t part_o, part_lse;
 };
 struct BackwardScratch {
   // The dK/dV pass (a task owns a key block) and the dQ pass (a task owns a
@@ -31,7 +34,18 @@ struct BackwardScratch {
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
 };
 
+// Keys per split of a short-query forward (seqlen_q <= kSplitMaxRows): fixed,
+// not derived from the thread count, so results stay bitwise identical for
+// any number of threads.
+constexpr int64_t kSplitKeys = 2048;
+constexpr int64_t kSplitMaxRows = 16;
+
 struct TilePlan {
+  // Forward: a tile stacks head_rows query rows of each of the `group` query
+  // heads that share one K/V head (block_q = group * head_rows rows), so each
+  // K/V tile is loaded once for the whole group; keys are cut into `splits`
+  // runs of split_k keys, merged at the end.
+  int64_t group = 1, head_rows = 64, splits = 1, split_k = 0;
   int64_t block_q = 64;
   int64_t block_k = 64;
   int64_t dqk_pad = 0;  ///< head_dim padded to kPad

@@ -64,6 +64,16 @@ TEST(Determinism, BroadcastBiasGradientSumsInFixedOrder) {
   expect_deterministic(c);
 }
 
+TEST(Determinism, SplitKeysForShortQueries) {
+  Case c = multi_block();
+  c.seqlen_q = 3;
+  c.seqlen_k = 5000;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.sinks = true;
+  expect_deterministic(c);
+}
+
 TEST(Determinism, VarlenF16) {
   Case c = multi_block();
   c.dtype = DType::f16;

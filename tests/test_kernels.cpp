@@ -97,6 +97,44 @@ TEST_F(Kernels, GroupedQueryRatios) {
 }
 
 // Each feature alone, in every dtype.
+// Short queries (decode, speculative decoding) split the keys into runs of
+// kSplitKeys merged at the end: splits that end mid-tile, splits a causal or
+// window mask empties, sinks merged after the splits, and every query head of
+// a GQA group stacked into one tile.
+TEST_F(Kernels, ShortQueriesSplitTheKeys) {
+  for (auto [lq, t] : {std::pair{int64_t{1}, DType::f32}, std::pair{int64_t{16}, DType::f32},
+                      std::pair{int64_t{5}, DType::bf16}}) {
+    Case c = base(t);
+    c.batch = 1;
+    c.seqlen_q = lq;
+    c.seqlen_k = 2 * 2048 + 37;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 16;
+    c.head_dim_v = 8;
+    c.name = "split_keys_" + std::to_string(lq);
+    expect_pass(c);
+    c.causal = true;
+    c.sinks = true;
+    c.window_left = 2000;  // the first split sees no key
+    expect_pass(c);
+    c.window_left = -1;
+    c.dropout_p = 0.2;
+    c.alibi = true;
+    c.mask = MaskKind::key_padding;
+    expect_pass(c);
+  }
+  Case v = base(DType::f16);
+  v.seqlens_q = {1, 16, 0};
+  v.seqlens_k = {4100, 100, 3000};
+  v.heads_q = 3;
+  v.heads_kv = 1;
+  v.head_dim = v.head_dim_v = 8;
+  v.sinks = true;
+  v.name = "split_keys_varlen";
+  expect_pass(v);
+}
+
 TEST_F(Kernels, FeaturesAlonePerDtype) {
   for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     std::vector<Case> cs;

@@ -1,5 +1,9 @@
-// Forward: one task per (batch, query head, query block). Keys are visited in
-// blocks with an online softmax, so no seqlen_q x seqlen_k buffer exists.
+// Forward: one task per (batch, K/V head, query block, key split). A task's
+// tile stacks the same query rows of every query head of the K/V head's group,
+// so each K/V tile is loaded once per group. Keys are visited in blocks with
+// an online softmax, so no seqlen_q x seqlen_k buffer exists. Short queries
+// split the keys (TilePlan::splits) and merge the splits' (out, lse) with
+// merge_row in split order.
 
 template <typename Acc>
 struct Slice {
@@ -52,13 +56,53 @@ inline void store_result(DType dt, const Acc* src, int64_t n, void* base, int64_
     store_row(src, n, static_cast<T*>(base) + off, stride, mul);
 }
 
+// Which (head, row) stacked row r is: head hk * group + r / mqh, row i0 + r % mqh.
+struct Stack {
+  int64_t hk, group, i0, mqh;
+  int64_t head(int64_t r) const { return hk * group + r / mqh; }
+  int64_t row(int64_t r) const { return i0 + r % mqh; }
+  int64_t rows() const { return group * mqh; }
+};
+
+// One split's result for stacked row r: out normalized over the split's keys
+// and its lse (no sink), or, without splits, the final out and lse.
 template <typename T, typename Acc>
-void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qb,
-                  Slice<Acc> ws) {
-  const HeadCtx<Acc> ctx(p, b, h);
-  const int64_t i0 = qb * plan.block_q;
-  if (i0 >= ctx.lq) return;
-  const int64_t mq = std::min(plan.block_q, ctx.lq - i0);
+void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, int64_t b, int64_t h, int64_t i,
+                int64_t split, Acc mx, Acc sum, const Acc* orow) {
+  const int64_t dv = p.head_dim_v;
+  if (plan.splits > 1) {
+    const int64_t row = ((split * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
+    Acc* po = shared.at(plan.fwd.part_o) + row * dv;
+    for (int64_t c = 0; c < dv; ++c) po[c] = sum == Acc(0) ? Acc(0) : orow[c] / sum;
+    shared.at(plan.fwd.part_lse)[row] = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
+    return;
+  }
+  Acc ores = Acc(1);
+  if (p.sinks) {
+    // sink logit joins the denominator: rescale to the larger of the two maxima
+    const Acc sk = static_cast<Acc>(p.sinks[h * p.sinks_stride]);
+    const Acc mnew = sk > mx ? sk : mx;
+    const Acc a = exp_acc(mx - mnew);
+    sum = sum * a + exp_acc(sk - mnew);
+    ores = a;
+    mx = mnew;
+  }
+  // sum == 0 only when no key is visible: out = 0, lse = -inf (or the sink).
+  const Acc mul = sum == Acc(0) ? Acc(0) : ores / sum;
+  const Acc row_lse = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
+  const int64_t q = p.q_start(b) + i;
+  store_result<T>(p.out_dtype, orow, dv, p.out.data, row_offset(p.out, b, q, h), p.out.dim_stride, mul);
+  lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
+}
+
+template <typename T, typename Acc>
+void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t qb, int64_t split,
+                  Slice<Acc> ws, Slice<Acc> shared) {
+  const int64_t lq = p.len_q(b), lk = p.len_k(b);
+  const Stack st{hk, plan.group, qb * plan.head_rows, std::min(plan.head_rows, lq - qb * plan.head_rows)};
+  const int64_t k_lo = split * plan.split_k, k_hi = std::min(lk, k_lo + plan.split_k);
+  if (st.mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
+  const int64_t mq = st.rows();
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, lds = plan.bk_pad;
   const auto& L = plan.fwd;
@@ -67,27 +111,32 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   int64_t *lo = ws.idx(L.row_lo), *hi = ws.idx(L.row_hi);
   uint8_t keep[kMaxBlockK];
 
-  load_tile<T>(p.q, b, p.q_start(b) + i0, h, mq, d, ldq, q);
+  std::vector<HeadCtx<Acc>> ctx;
+  ctx.reserve(static_cast<size_t>(plan.group));
+  for (int64_t g = 0; g < plan.group; ++g) ctx.emplace_back(p, b, hk * plan.group + g);
   const Acc scale = static_cast<Acc>(p.scale);
+  for (int64_t g = 0; g < plan.group; ++g)
+    load_tile<T>(p.q, b, p.q_start(b) + st.i0, st.head(g * st.mqh), st.mqh, d, ldq, q + g * st.mqh * ldq);
   for (int64_t x = 0; x < mq * ldq; ++x) q[x] *= scale;
   for (int64_t r = 0; r < mq; ++r) {
-    ctx.row_range(i0 + r, lo[r], hi[r]);
+    ctx[0].row_range(st.row(r), lo[r], hi[r]);  // causal and window do not depend on the head
     m[r] = neg_inf<Acc>();
     l[r] = Acc(0);
   }
   for (int64_t x = 0; x < mq * ldv; ++x) o[x] = Acc(0);
 
   const int64_t k0 = p.k_start(b);
-  for (int64_t j0 = 0; j0 < ctx.lk; j0 += plan.block_k) {
-    const int64_t nj = std::min(plan.block_k, ctx.lk - j0);
-    const TileKind kind = ctx.classify(mq, lo, hi, j0, nj);
+  for (int64_t j0 = k_lo; j0 < k_hi; j0 += plan.block_k) {
+    const int64_t nj = std::min(plan.block_k, k_hi - j0);
+    const TileKind kind = ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
-    load_tile_t<T>(p.k, b, k0 + j0, ctx.hk, nj, d, lds, kt, stage);
-    load_tile<T>(p.v, b, k0 + j0, ctx.hk, nj, dv, ldv, v);
+    load_tile_t<T>(p.k, b, k0 + j0, hk, nj, d, lds, kt, stage);
+    load_tile<T>(p.v, b, k0 + j0, hk, nj, dv, ldv, v);
     gemm_nn(mq, lds, d, q, ldq, 1, kt, lds, s, lds);
     for (int64_t r = 0; r < mq; ++r) {
+      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(r / st.mqh)];
       Acc* srow = s + r * lds;
-      ctx.logits_row(i0 + r, j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+      c.logits_row(st.row(r), j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
       for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
       const Acc mx = row_max(srow, lds, m[r]);
       // A row with no visible key so far keeps max -inf; subtracting 0 then
@@ -96,43 +145,53 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       alpha[r] = exp_acc(m[r] - mref);
       l[r] = l[r] * alpha[r] + exp_row(srow, lds, mref);
       m[r] = mx;
-      ctx.dropout_row(i0 + r, j0, nj, keep, srow);
+      c.dropout_row(st.row(r), j0, nj, keep, srow);
     }
     // o = o * alpha + P V, with P V summed on its own first (blocked summation).
     gemm_nn(mq, ldv, nj, s, lds, 1, v, ldv, pv, ldv);
     scale_add(mq, ldv, alpha, pv, o, ldv);
   }
+  for (int64_t r = 0; r < mq; ++r)
+    finish_row<T>(p, plan, shared, b, st.head(r), st.row(r), split, m[r], l[r], o + r * ldv);
+}
 
-  const int64_t q0 = p.q_start(b);
-  for (int64_t r = 0; r < mq; ++r) {
-    Acc mx = m[r], sum = l[r];
-    Acc ores = Acc(1);
-    if (p.sinks) {
-      // sink logit joins the denominator: rescale to the larger of the two maxima
-      const Acc sk = static_cast<Acc>(p.sinks[h * p.sinks_stride]);
-      const Acc mnew = sk > mx ? sk : mx;
-      const Acc a = exp_acc(mx - mnew);
-      sum = sum * a + exp_acc(sk - mnew);
-      ores = a;
-      mx = mnew;
+// Split keys: row (b, h, i) merges its splits in split order, then the sink.
+template <typename T, typename Acc>
+void merge_splits(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, Slice<Acc> ws,
+                  Slice<Acc> shared) {
+  const int64_t dv = p.head_dim_v;
+  Acc* acc = ws.at(plan.fwd.o);
+  const Acc zero = Acc(0);
+  for (int64_t i = 0; i < p.len_q(b); ++i) {
+    Acc lse = neg_inf<Acc>();
+    for (int64_t sp = 0; sp < plan.splits; ++sp) {
+      const int64_t row = ((sp * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
+      merge_row(acc, 1, &lse, shared.at(plan.fwd.part_o) + row * dv, 1, shared.at(plan.fwd.part_lse)[row], dv);
     }
-    // sum == 0 only when no key is visible: out = 0, lse = -inf (or the sink).
-    const Acc mul = sum == Acc(0) ? Acc(0) : ores / sum;
-    const Acc row_lse = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
-    store_result<T>(p.out_dtype, o + r * ldv, dv, p.out.data, row_offset(p.out, b, q0 + i0 + r, h),
-                    p.out.dim_stride, mul);
-    lse_store(p, row_offset(p.lse, b, q0 + i0 + r, h), static_cast<double>(row_lse));
+    if (lse == neg_inf<Acc>())
+      for (int64_t c = 0; c < dv; ++c) acc[c] = Acc(0);
+    if (p.sinks)  // the sink is one more key whose value row is zero
+      merge_row(acc, 1, &lse, &zero, 0, static_cast<Acc>(p.sinks[h * p.sinks_stride]), dv);
+    const int64_t q = p.q_start(b) + i;
+    store_result<T>(p.out_dtype, acc, dv, p.out.data, row_offset(p.out, b, q, h), p.out.dim_stride, Acc(1));
+    lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(lse));
   }
 }
 
 template <typename T, typename Acc>
 void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
-  const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
+  const int64_t nqb = ceil_div(p.seqlen_q, plan.head_rows);
   const int64_t per_thread = plan.per_thread_bytes / static_cast<int64_t>(sizeof(Acc));
   Acc* base = static_cast<Acc*>(workspace);
-  parallel_for(p.batch * p.heads_q * nqb, plan.threads, [&](int64_t task, int thread) {
-    const int64_t qb = task % nqb, bh = task / nqb;
-    forward_task<T, Acc>(p, plan, bh / p.heads_q, bh % p.heads_q, qb,
-                         Slice<Acc>{base + thread * per_thread});
+  const Slice<Acc> shared{base + per_thread * plan.threads};
+  const int64_t splits = plan.splits;
+  parallel_for(p.batch * p.heads_kv * nqb * splits, plan.threads, [&](int64_t task, int thread) {
+    const int64_t sp = task % splits, qb = task / splits % nqb, bh = task / splits / nqb;
+    forward_task<T, Acc>(p, plan, bh / p.heads_kv, bh % p.heads_kv, qb, sp, Slice<Acc>{base + thread * per_thread},
+                         shared);
+  });
+  if (splits == 1) return;
+  parallel_for(p.batch * p.heads_q, plan.threads, [&](int64_t task, int thread) {
+    merge_splits<T, Acc>(p, plan, task / p.heads_q, task % p.heads_q, Slice<Acc>{base + thread * per_thread}, shared);
   });
 }

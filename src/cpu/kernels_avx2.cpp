@@ -7,10 +7,12 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include <immintrin.h>
 
 #include "dispatch.hpp"
+#include "merge.hpp"
 #include "parallel.hpp"
 #include "params.hpp"
 #include "tiling.hpp"

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include <immintrin.h>
 
@@ -16,6 +17,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "dispatch.hpp"
+#include "merge.hpp"
 #include "parallel.hpp"
 #include "params.hpp"
 #include "tiling.hpp"

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "dispatch.hpp"
+#include "merge.hpp"
 #include "parallel.hpp"
 #include "params.hpp"
 #include "tiling.hpp"
