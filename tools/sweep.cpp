@@ -315,6 +315,7 @@ void run_grid(Sweep& s) {
   Grid g{s, {}};
   for (int64_t seqlen = s.settings.min_seqlen; seqlen <= s.settings.max_seqlen; seqlen *= 2) {
     const size_t first = s.grid.size();
+    s.load_at_length.emplace_back(seqlen, load_average());
     for (const Config& c : configs_at(s.settings, seqlen)) {
       GridRow r;
       r.c = c;

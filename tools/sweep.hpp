@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
@@ -132,6 +133,7 @@ struct Sweep {
   double start = 0, seconds = 0;
   std::string started_utc;
   std::string load_start, load_end;  // /proc/loadavg
+  std::vector<std::pair<int64_t, std::string>> load_at_length;  // as each grid length began
   std::string blas_core, blas_core_origin;
   Machine machine;
   std::string torch_version;  // empty: PyTorch is not used

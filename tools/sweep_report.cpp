@@ -144,6 +144,11 @@ std::string sweep_json(const Sweep& s) {
       .add("seconds", s.seconds)
       .add("load_average_start", s.load_start)
       .add("load_average_end", s.load_end)
+      .add_raw("load_average_at_length", [&] {
+        Json j;
+        for (const auto& [seqlen, load] : s.load_at_length) j.add(std::to_string(seqlen), load);
+        return j.str();
+      }())
       .add_raw("shape", Json().add("batch", kBatch).add("heads_q", kHeads).add("heads_kv", kHeads).str())
       .add("flop_convention", "forward 4*B*Hq*Lq*Lk*d, halved when causal; backward 2.5x forward")
       .add_raw("machine", s.machine.start.json)
@@ -308,7 +313,14 @@ std::string sweep_markdown(const Sweep& s) {
      << (s.settings.quick ? ", **--quick** (a small subset)" : "") << "; started " << s.started_utc << ", took "
      << format("%.0f", s.seconds) << " s. Load average (1, 5, 15 min): " << s.load_start << " at the start, "
      << s.load_end << " at the end"
-     << (load > 0.5 ? " — other jobs were running, so times are inflated and ratios rough." : ".") << "\n\n"
+     << (load > 0.5 ? " — other jobs were running, so times are inflated and ratios rough." : ".");
+  if (!s.load_at_length.empty()) {
+    md << " As each length of the grid began:";
+    for (size_t i = 0; i < s.load_at_length.size(); ++i)
+      md << (i ? ";" : "") << " L = " << s.load_at_length[i].first << ": " << s.load_at_length[i].second;
+    md << ".";
+  }
+  md << "\n\n"
      << "Reproduce: `bash scripts/bench.sh` (builds, then runs `build/tools/flashgrad bench --sweep`).\n\n";
   size_t failed = 0;
   for (const Check& c : s.checks) failed += c.passed ? 0 : 1;
