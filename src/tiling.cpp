@@ -47,19 +47,21 @@ TilePlan plan_forward(const AttnParams& p) {
   if (p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys) {
     t.split_k = kSplitKeys;
     t.splits = ceil_div(p.seqlen_k, kSplitKeys);
+    t.kv_heads = p.heads_kv;
   }
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
-  f.q = c.take(t.block_q * t.dqk_pad);
+  const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
+  f.q = c.take(rows * t.dqk_pad);
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
   f.s = c.take(t.block_q * t.bk_pad);
-  f.o = c.take(t.block_q * t.dv_pad);
+  f.o = c.take(rows * t.dv_pad);
   f.pv = c.take(t.block_q * t.dv_pad);
   f.stage = c.take(t.bk_pad * t.dqk_pad);
-  f.row_m = c.take(t.block_q);
-  f.row_l = c.take(t.block_q);
-  f.row_alpha = c.take(t.block_q);
+  f.row_m = c.take(rows);
+  f.row_l = c.take(rows);
+  f.row_alpha = c.take(rows);
   f.row_lo = c.take(t.block_q * 8 / t.acc_bytes);
   f.row_hi = c.take(t.block_q * 8 / t.acc_bytes);
   f.total = c.at;
@@ -67,9 +69,9 @@ TilePlan plan_forward(const AttnParams& p) {
   t.shared_bytes = 0;
   if (t.splits > 1) {
     Carver s{t.acc_bytes};
-    const int64_t rows = t.splits * p.batch * p.heads_q * p.seqlen_q;
-    f.part_o = s.take(rows * p.head_dim_v);
-    f.part_lse = s.take(rows);
+    const int64_t part_rows = t.splits * p.batch * p.heads_q * p.seqlen_q;
+    f.part_o = s.take(part_rows * p.head_dim_v);
+    f.part_lse = s.take(part_rows);
     t.shared_bytes = s.at * t.acc_bytes;
   }
   return t;

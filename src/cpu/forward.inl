@@ -96,63 +96,77 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
 }
 
 template <typename T, typename Acc>
-void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t qb, int64_t split,
+void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk0, int64_t qb, int64_t split,
                   Slice<Acc> ws, Slice<Acc> shared) {
-  const int64_t lq = p.len_q(b), lk = p.len_k(b);
-  const Stack st{hk, plan.group, qb * plan.head_rows, std::min(plan.head_rows, lq - qb * plan.head_rows)};
+  const int64_t lq = p.len_q(b), lk = p.len_k(b), nh = plan.kv_heads;
+  const int64_t i0 = qb * plan.head_rows, mqh = std::min(plan.head_rows, lq - i0);
+  if (mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
   const int64_t k_lo = split * plan.split_k, k_hi = std::min(lk, k_lo + plan.split_k);
-  if (st.mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
-  const int64_t mq = st.rows();
+  const int64_t mq = plan.group * mqh;  // stacked rows of one K/V head
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, lds = plan.bk_pad;
   const auto& L = plan.fwd;
+  // Per K/V head x: its rows of q, o, m, l and alpha start at x * mq rows.
   Acc *q = ws.at(L.q), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
   Acc *stage = ws.at(L.stage), *pv = ws.at(L.pv), *m = ws.at(L.row_m), *l = ws.at(L.row_l), *alpha = ws.at(L.row_alpha);
   int64_t *lo = ws.idx(L.row_lo), *hi = ws.idx(L.row_hi);
   uint8_t keep[kMaxBlockK];
 
-  std::vector<HeadCtx<Acc>> ctx;
-  ctx.reserve(static_cast<size_t>(plan.group));
-  for (int64_t g = 0; g < plan.group; ++g) ctx.emplace_back(p, b, hk * plan.group + g);
+  std::vector<HeadCtx<Acc>> ctx;  // one per query head of the task
+  ctx.reserve(static_cast<size_t>(nh * plan.group));
   const Acc scale = static_cast<Acc>(p.scale);
-  for (int64_t g = 0; g < plan.group; ++g)
-    load_tile<T>(p.q, b, p.q_start(b) + st.i0, st.head(g * st.mqh), st.mqh, d, ldq, q + g * st.mqh * ldq);
-  for (int64_t x = 0; x < mq * ldq; ++x) q[x] *= scale;
-  for (int64_t r = 0; r < mq; ++r) {
-    ctx[0].row_range(st.row(r), lo[r], hi[r]);  // causal and window do not depend on the head
+  for (int64_t x = 0; x < nh; ++x) {
+    const Stack st{hk0 + x, plan.group, i0, mqh};
+    for (int64_t g = 0; g < plan.group; ++g) {
+      ctx.emplace_back(p, b, st.head(g * mqh));
+      load_tile<T>(p.q, b, p.q_start(b) + i0, st.head(g * mqh), mqh, d, ldq, q + (x * mq + g * mqh) * ldq);
+    }
+  }
+  for (int64_t x = 0; x < nh * mq * ldq; ++x) q[x] *= scale;
+  for (int64_t r = 0; r < mq; ++r) ctx[0].row_range(i0 + r % mqh, lo[r], hi[r]);  // the same for every head
+  for (int64_t r = 0; r < nh * mq; ++r) {
     m[r] = neg_inf<Acc>();
     l[r] = Acc(0);
   }
-  for (int64_t x = 0; x < mq * ldv; ++x) o[x] = Acc(0);
+  for (int64_t x = 0; x < nh * mq * ldv; ++x) o[x] = Acc(0);
 
   const int64_t k0 = p.k_start(b);
   for (int64_t j0 = k_lo; j0 < k_hi; j0 += plan.block_k) {
     const int64_t nj = std::min(plan.block_k, k_hi - j0);
     const TileKind kind = ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
-    load_tile_t<T>(p.k, b, k0 + j0, hk, nj, d, lds, kt, stage);
-    load_tile<T>(p.v, b, k0 + j0, hk, nj, dv, ldv, v);
-    gemm_nn(mq, lds, d, q, ldq, 1, kt, lds, s, lds);
-    for (int64_t r = 0; r < mq; ++r) {
-      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(r / st.mqh)];
-      Acc* srow = s + r * lds;
-      c.logits_row(st.row(r), j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-      for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
-      const Acc mx = row_max(srow, lds, m[r]);
-      // A row with no visible key so far keeps max -inf; subtracting 0 then
-      // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
-      const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
-      alpha[r] = exp_acc(m[r] - mref);
-      l[r] = l[r] * alpha[r] + exp_row(srow, lds, mref);
-      m[r] = mx;
-      c.dropout_row(st.row(r), j0, nj, keep, srow);
+    for (int64_t x = 0; x < nh; ++x) {
+      const int64_t hk = hk0 + x;
+      Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * mq, *lx = l + x * mq, *ax = alpha + x * mq;
+      load_tile_t<T>(p.k, b, k0 + j0, hk, nj, d, lds, kt, stage);
+      load_tile<T>(p.v, b, k0 + j0, hk, nj, dv, ldv, v);
+      gemm_nn(mq, lds, d, qx, ldq, 1, kt, lds, s, lds);
+      for (int64_t r = 0; r < mq; ++r) {
+        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
+        const int64_t i = i0 + r % mqh;
+        Acc* srow = s + r * lds;
+        c.logits_row(i, j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+        for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
+        const Acc mx = row_max(srow, lds, mx_[r]);
+        // A row with no visible key so far keeps max -inf; subtracting 0 then
+        // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
+        const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
+        ax[r] = exp_acc(mx_[r] - mref);
+        lx[r] = lx[r] * ax[r] + exp_row(srow, lds, mref);
+        mx_[r] = mx;
+        c.dropout_row(i, j0, nj, keep, srow);
+      }
+      // o = o * alpha + P V, with P V summed on its own first (blocked summation).
+      gemm_nn(mq, ldv, nj, s, lds, 1, v, ldv, pv, ldv);
+      scale_add(mq, ldv, ax, pv, ox, ldv);
     }
-    // o = o * alpha + P V, with P V summed on its own first (blocked summation).
-    gemm_nn(mq, ldv, nj, s, lds, 1, v, ldv, pv, ldv);
-    scale_add(mq, ldv, alpha, pv, o, ldv);
   }
-  for (int64_t r = 0; r < mq; ++r)
-    finish_row<T>(p, plan, shared, b, st.head(r), st.row(r), split, m[r], l[r], o + r * ldv);
+  for (int64_t x = 0; x < nh; ++x) {
+    const Stack st{hk0 + x, plan.group, i0, mqh};
+    for (int64_t r = 0; r < mq; ++r)
+      finish_row<T, Acc>(p, plan, shared, b, st.head(r), st.row(r), split, m[x * mq + r], l[x * mq + r],
+                         o + (x * mq + r) * ldv);
+  }
 }
 
 // Split keys: row (b, h, i) merges its splits in split order, then the sink.
@@ -185,10 +199,11 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   Acc* base = static_cast<Acc*>(workspace);
   const Slice<Acc> shared{base + per_thread * plan.threads};
   const int64_t splits = plan.splits;
-  parallel_for(p.batch * p.heads_kv * nqb * splits, plan.threads, [&](int64_t task, int thread) {
+  const int64_t head_runs = p.heads_kv / plan.kv_heads;
+  parallel_for(p.batch * head_runs * nqb * splits, plan.threads, [&](int64_t task, int thread) {
     const int64_t sp = task % splits, qb = task / splits % nqb, bh = task / splits / nqb;
-    forward_task<T, Acc>(p, plan, bh / p.heads_kv, bh % p.heads_kv, qb, sp, Slice<Acc>{base + thread * per_thread},
-                         shared);
+    forward_task<T, Acc>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
+                         Slice<Acc>{base + thread * per_thread}, shared);
   });
   if (splits == 1) return;
   parallel_for(p.batch * p.heads_q, plan.threads, [&](int64_t task, int thread) {
