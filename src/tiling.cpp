@@ -99,6 +99,15 @@ TilePlan plan_backward(const AttnParams& p) {
   g.row_b = c.take(bq);
   g.row_lo = c.take(bq * 8 / t.acc_bytes);
   g.row_hi = c.take(bq * 8 / t.acc_bytes);
+  // Single pass when every thread gets whole (batch, K/V head) tasks and the
+  // threads' dQ accumulators stay within kFusedBytes; dbias needs the dQ
+  // pass's ownership of its rows.
+  constexpr int64_t kFusedBytes = int64_t{48} << 20;
+  const int64_t tasks = p.batch * p.heads_kv;
+  const int64_t dq_elems = p.heads_q / std::max<int64_t>(p.heads_kv, 1) * p.seqlen_q * t.dqk_pad;
+  t.fused = !p.dbias.data && dq_elems * t.acc_bytes * t.threads <= kFusedBytes &&
+            (tasks % t.threads == 0 || tasks >= 4 * t.threads);
+  if (t.fused) g.dq_acc = c.take(dq_elems);
   g.total = c.at;
   t.per_thread_bytes = round_up(g.total * t.acc_bytes, kAlign);
   // delta [batch, heads_q, seqlen_q] and one dsinks partial per (batch, head, query block).

@@ -32,6 +32,7 @@ struct BackwardScratch {
   // tmp receives each tile product before it is added to acc_a/acc_b: blocked
   // summation, whose rounding error grows with seqlen / block instead of seqlen.
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
+  int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
 };
 
 // Keys per split of a short-query forward (seqlen_q <= kSplitMaxRows): fixed,
@@ -59,6 +60,7 @@ struct TilePlan {
   int64_t bk_pad = 0;
   int64_t acc_bytes = 4;  ///< 8 for f64 storage
   int threads = 1;
+  bool fused = false;     ///< backward: single pass (backward.inl)
   ForwardScratch fwd{};
   BackwardScratch bwd{};
   int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned

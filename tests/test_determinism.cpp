@@ -44,6 +44,8 @@ Case multi_block() {
   return c;
 }
 
+// B * H_kv = 2 tasks: 1 and 2 threads take the single-pass backward, 3
+// threads the two-pass one (tiling.cpp), which must give the same bits.
 TEST(Determinism, PlainAcrossThreadCounts) { expect_deterministic(multi_block()); }
 
 TEST(Determinism, CausalGqaSinksDropoutBf16) {

@@ -4,6 +4,11 @@
 //                   query heads of its group; each task owns its rows, no atomics
 //   backward_dq     dQ for a query block (and dbias rows)       task: (b, h, query block)
 // Scores are recomputed per tile from lse: P = exp(S - lse).
+// When there are enough (batch, K/V head) pairs to occupy the threads, the
+// last two phases fuse (TilePlan::fused, backward_fused): the dK/dV walk also
+// adds dS K into a dQ accumulator, 5 tile products per tile pair instead of 7.
+// Both forms add the same dS K tiles to dQ in the same key order, so their
+// results are bitwise identical and the choice may depend on the thread count.
 
 // Everything the tile step needs about one query block.
 template <typename Acc>
@@ -113,17 +118,25 @@ void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   dsinks_part[(b * p.heads_q + h) * nqb + qblk] = part;
 }
 
+// dq_acc, when given (the single pass), receives dS K for every query row of
+// the group: [group, seqlen_q, dqk_pad], rows of head hk * group + g at g.
 template <typename T, typename Acc>
 void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
-                   const Acc* delta_all, Slice<Acc> ws) {
+                   const Acc* delta_all, Slice<Acc> ws, Acc* dq_acc = nullptr) {
   const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
   if (j0 >= lk) return;
   const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad;
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
-  Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp);
-  load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt, tmp);
+  Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp), *k = ws.at(L.k);
+  if (dq_acc) {  // K row-major for dQ += dS K, and its transpose for S = Q K^T
+    load_tile<T>(p.k, b, k0, hk, nj, p.head_dim, ldq, k);
+    for (int64_t x = nj * ldq; x < plan.bk_pad * ldq; ++x) k[x] = Acc(0);
+    transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_pad);
+  } else {
+    load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt, tmp);
+  }
   load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt, tmp);
   for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
   for (int64_t x = 0; x < nj * ldv; ++x) dv[x] = Acc(0);
@@ -142,6 +155,10 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);
       gemm_nn(nj, ldq, qb.mq, dp, 1, plan.bk_pad, qb.q, ldq, tmp, ldq);  // dK += dS^T (scale Q)
       scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
+      if (dq_acc) {
+        gemm_nn(qb.mq, ldq, nj, dp, plan.bk_pad, 1, k, ldq, tmp, ldq);  // dQ += dS K
+        scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq);
+      }
     }
   }
   for (int64_t r = 0; r < nj; ++r) {
@@ -194,6 +211,24 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
                     p.dq.dim_stride, static_cast<Acc>(p.scale));
 }
 
+// The single pass: one task per (batch, K/V head) walks its key blocks in
+// order and keeps the group's dQ in its own f32 accumulator, so every output
+// has one owner and one summation order, whatever the thread count.
+template <typename T, typename Acc>
+void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, const Acc* delta_all,
+                    Slice<Acc> ws) {
+  const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
+  Acc* dq_acc = ws.at(plan.bwd.dq_acc);
+  for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
+  for (int64_t kblk = 0; kblk < ceil_div(p.len_k(b), plan.block_k); ++kblk)
+    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, dq_acc);
+  const int64_t q0 = p.q_start(b);
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < p.len_q(b); ++i)
+      store_result<T>(p.grad_dtype, dq_acc + (g * p.seqlen_q + i) * ldq, p.head_dim, p.dq.data,
+                      row_offset(p.dq, b, q0 + i, hk * group + g), p.dq.dim_stride, static_cast<Acc>(p.scale));
+}
+
 template <typename T, typename Acc>
 void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
@@ -212,21 +247,29 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
     else
       compute_delta<T, T, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
   });
-  parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
-    const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
-    backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, Slice<Acc>{base + thread * per_thread});
-  });
+  if (plan.fused) {
+    parallel_for(p.batch * p.heads_kv, plan.threads, [&](int64_t task, int thread) {
+      backward_fused<T, Acc>(p, plan, task / p.heads_kv, task % p.heads_kv, delta,
+                             Slice<Acc>{base + thread * per_thread});
+    });
+  } else {
+    parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
+      const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
+      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, Slice<Acc>{base + thread * per_thread});
+    });
+  }
   // A dbias broadcast over batch or heads sums over them: one task then owns
   // the dbias rows and visits the (b, h) pairs that share them in a fixed order.
   const int64_t nb = p.dbias.data ? p.dbias.batch : p.batch;
   const int64_t nh = p.dbias.data ? p.dbias.heads : p.heads_q;
-  parallel_for(nb * nh * nqb, plan.threads, [&](int64_t task, int thread) {
-    const int64_t qblk = task % nqb, gh = task / nqb % nh, gb = task / nqb / nh;
-    const int64_t b_end = nb == p.batch ? gb + 1 : p.batch, h_end = nh == p.heads_q ? gh + 1 : p.heads_q;
-    for (int64_t b = nb == p.batch ? gb : 0; b < b_end; ++b)
-      for (int64_t h = nh == p.heads_q ? gh : 0; h < h_end; ++h)
-        backward_dq<T, Acc>(p, plan, b, h, qblk, delta, Slice<Acc>{base + thread * per_thread});
-  });
+  if (!plan.fused)
+    parallel_for(nb * nh * nqb, plan.threads, [&](int64_t task, int thread) {
+      const int64_t qblk = task % nqb, gh = task / nqb % nh, gb = task / nqb / nh;
+      const int64_t b_end = nb == p.batch ? gb + 1 : p.batch, h_end = nh == p.heads_q ? gh + 1 : p.heads_q;
+      for (int64_t b = nb == p.batch ? gb : 0; b < b_end; ++b)
+        for (int64_t h = nh == p.heads_q ? gh : 0; h < h_end; ++h)
+          backward_dq<T, Acc>(p, plan, b, h, qblk, delta, Slice<Acc>{base + thread * per_thread});
+    });
   if (p.dsinks) {
     for (int64_t h = 0; h < p.heads_q; ++h) {
       double sum = 0;
