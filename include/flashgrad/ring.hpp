@@ -81,8 +81,8 @@ struct RowRange {
 };
 
 // The global rows rank of world holds for a sequence of seqlen rows, in the
-// order of its local tensor (contiguous: the even split, the remainder to the
-// first ranks).
+// order of its local tensor (contiguous: the even split, rows
+// [floor(rank * seqlen / world), floor((rank + 1) * seqlen / world))).
 std::vector<RowRange> shard_rows(Sharding sharding, int64_t seqlen, int rank, int world);
 
 // Copies this rank's rows (dimension seq_dim) from a global tensor into local,
