@@ -358,6 +358,17 @@ void run_grid(Sweep& s) {
   }
 }
 
+// The source tree's commit, "-dirty" with uncommitted changes: what the
+// binary was most likely built from (the build may be older than the tree).
+std::string source_version() {
+  if (!std::filesystem::exists("/usr/bin/git")) return "unknown";
+  const ChildResult r =
+      run_child({"/usr/bin/git", "-C", FLASHGRAD_TOOLS_SOURCE_DIR, "describe", "--always", "--dirty"}, true);
+  std::string out = r.output;
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return r.exit_code == 0 && !out.empty() ? out : "unknown";
+}
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -376,9 +387,11 @@ int run_sweep(Args& args) {
   s.start = now_seconds();
   s.started_utc = utc_now();
   s.load_start = load_average();
+  s.source = source_version();
   std::tie(s.blas_core, s.blas_core_origin) = choose_openblas_core();
-  std::printf("flashgrad %s sweep%s: isa %s, %d threads, load average %s at the start\n", version().c_str(),
-              s.settings.quick ? " (quick)" : "", isa_name(), threads_of(s), s.load_start.c_str());
+  std::printf("flashgrad %s sweep%s (source %s): isa %s, %d threads, load average %s at the start\n",
+              version().c_str(), s.settings.quick ? " (quick)" : "", s.source.c_str(), isa_name(), threads_of(s),
+              s.load_start.c_str());
   std::printf("peers: %s sgemm (core %s), ", openblas_version().c_str(), s.blas_core.c_str());
   setup_torch(s);
   if (!s.torch_version.empty())

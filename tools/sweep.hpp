@@ -132,6 +132,7 @@ struct Sweep {
   std::string exe;
   double start = 0, seconds = 0;
   std::string started_utc;
+  std::string source;  // `git describe --always --dirty` of the source tree, when git can tell
   std::string load_start, load_end;  // /proc/loadavg
   std::vector<std::pair<int64_t, std::string>> load_at_length;  // as each grid length began
   std::string blas_core, blas_core_origin;

@@ -137,6 +137,7 @@ std::string sweep_json(const Sweep& s) {
   const std::string queries = extras_json(s, &overhead, &scaling);
   return Json()
       .add("version", version())
+      .add("source", s.source)
       .add("isa", isa_name())
       .add("threads", threads_of(s))
       .add("quick", s.settings.quick)
@@ -309,7 +310,8 @@ std::string sweep_markdown(const Sweep& s) {
   std::ostringstream md;
   const double load = load_1min(s.load_start);
   md << "# flashgrad benchmark sweep\n\n"
-     << "flashgrad " << version() << ", isa " << isa_name() << ", " << threads_of(s) << " threads"
+     << "flashgrad " << version() << " (source " << s.source << "), isa " << isa_name() << ", " << threads_of(s)
+     << " threads"
      << (s.settings.quick ? ", **--quick** (a small subset)" : "") << "; started " << s.started_utc << ", took "
      << format("%.0f", s.seconds) << " s. Load average (1, 5, 15 min): " << s.load_start << " at the start, "
      << s.load_end << " at the end"
