@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 build="${SANITIZE_BUILD_DIR:-build-asan}"
 seeds="${FUZZ_SEEDS:-600}"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHGRAD_SANITIZE="address;undefined" \
-  -DFLASHGRAD_BUILD_FUZZ=ON -DFLASHGRAD_BUILD_PYTHON=OFF -DFLASHGRAD_BUILD_TOOLS=OFF > /dev/null
+  -DFLASHGRAD_BUILD_FUZZ=ON -DFLASHGRAD_BUILD_PYTHON=OFF -DFLASHGRAD_BUILD_TOOLS=OFF -DFLASHGRAD_BUILD_BENCH=OFF \
+  > /dev/null
 cmake --build "$build" -j "$(nproc)"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
@@ -20,7 +21,12 @@ grep -qw avx512bw /proc/cpuinfo && isa=avx512
 others=$(printf '%s\n' scalar avx2 avx512 | grep -vx "$isa" | paste -sd'|')
 echo "sanitize: ASan+UBSan suite on the $isa path"
 status=0
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" || status=1
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" -LE mpi || status=1
+# OpenMPI keeps allocations of its own until exit (in libopen-pal and its
+# plugins); the ring tests run with leak detection off, every other check on.
+echo "sanitize: the MPI ring tests under ASan+UBSan (leak detection off)"
+ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
+  ctest --test-dir "$build" --output-on-failure -L mpi || status=1
 echo "sanitize: C ABI fuzz, $seeds seeded draws"
 "$build/fuzz/fuzz_c_abi_seeds" 0 "$seeds" || status=1
 exit $status
