@@ -69,6 +69,12 @@ enum Sig { kBatch, kHq, kHkv, kD, kDv, kDtype, kCausal, kWl, kWr, kSharding, kBi
            kSeed, kSigLen };
 constexpr int kLq = kSigLen, kLk = kSigLen + 1, kValid = kSigLen + 2, kMeta = kSigLen + 3;
 
+const char* sig_arg(int i) {
+  static const char* args[] = {"q", "q", "k", "q", "v", "q", "causal", "window_left", "window_right", "sharding",
+                               "bias", "mask", "sinks", "dropout_p", "seed"};
+  return args[i];
+}
+
 const char* sig_name(int i) {
   static const char* names[] = {"batch", "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype", "causal",
                                 "window_left", "window_right", "sharding", "bias given", "mask given",
@@ -149,22 +155,10 @@ class Ring {
     }
     std::vector<int64_t> all(static_cast<size_t>(kMeta) * static_cast<size_t>(L_.world));
     MPI_Allgather(meta, kMeta, MPI_INT64_T, all.data(), kMeta, MPI_INT64_T, ring_.comm);
-    // Signatures are compared among the ranks whose own checks passed (a rank
-    // that failed reports its own error), against the first of them.
-    auto at = [&](int r, int i) { return all[static_cast<size_t>(r * kMeta + i)]; };
-    int ref = 0;
-    while (ref < L_.world && !at(ref, kValid)) ++ref;
-    guarded([&] {
-      for (int r = ref + 1; r < L_.world; ++r)
-        for (int i = 0; at(r, kValid) && i < kSigLen; ++i)
-          if (at(r, i) != at(ref, i))
-            fail(r == L_.rank ? "q" : "comm", std::string("the same ") + sig_name(i) + " on every rank (rank " +
-                 std::to_string(ref) + ": " + std::to_string(at(ref, i)) + ")",
-                 std::to_string(at(r, i)) + " on rank " + std::to_string(r));
-    });
+    meta_ = all;
     // A rank that failed its own checks reports at the next agreement; until
     // then the others skip their work (the layout is unknown).
-    for (int r = 0; r < L_.world; ++r) peer_failed_ = peer_failed_ || !at(r, kValid);
+    for (int r = 0; r < L_.world; ++r) peer_failed_ = peer_failed_ || !meta_at(r, kValid);
     if (peer_failed_ || !error_.empty()) return;
     L_.q_rows.resize(static_cast<size_t>(L_.world));
     L_.k_rows.resize(static_cast<size_t>(L_.world));
@@ -204,6 +198,17 @@ class Ring {
         fail("k", "the zigzag shard of " + std::to_string(L_.total_k) + " key rows: " + std::to_string(wk) + " rows",
              std::to_string(k_.shape[1]));
     });
+  }
+
+  int64_t meta_at(int r, int i) const { return meta_[static_cast<size_t>(r * kMeta + i)]; }
+
+  // After the local checks: every rank's shapes and options against rank 0's.
+  // Only the rank that differs reports it, so the message names that rank.
+  void check_agreement() const {
+    for (int i = 0; i < kSigLen; ++i)
+      if (meta_at(L_.rank, i) != meta_at(0, i))
+        fail(sig_arg(i), std::string("the same ") + sig_name(i) + " as rank 0 (" + std::to_string(meta_at(0, i)) + ")",
+             std::to_string(meta_at(L_.rank, i)));
   }
 
   // bias/mask: [batch|1, heads_q|1, L_q|1, seqlen_k_global|1].
@@ -332,6 +337,7 @@ class Ring {
   std::string error_;
   int code_ = 0;
   bool peer_failed_ = false;
+  std::vector<int64_t> meta_;
   RingStats* stats_ = nullptr;
 };
 
@@ -355,6 +361,7 @@ void ring_forward(const Options& opts, const RingOptions& ring, const TensorView
     R.check_key_width("mask", opts.mask);
     CallTensors t{&q, &k, &v, &out, &lse};
     make_params(R.fn_, CallKind::forward, R.local_options(), t);
+    R.check_agreement();
     kv[0].resize(R.kv_bytes());
     kv[1].resize(R.kv_bytes());
     o_acc = Owned(acc, {B, Lq, Hq, dv});
@@ -424,6 +431,7 @@ void ring_backward(const Options& opts, const RingOptions& ring, const TensorVie
     }
     CallTensors t{&q, &k, &v, &out, &lse, &dout, &local};
     make_params(R.fn_, CallKind::backward, R.local_options(), t);
+    R.check_agreement();
     kv[0].resize(R.kv_bytes());
     kv[1].resize(R.kv_bytes());
     dq_acc = Owned(acc, {B, Lq, Hq, d});

@@ -23,6 +23,12 @@
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
+#if FLASHGRAD_PY_MPI
+#include <mpi.h>
+#include <mpi4py/mpi4py.h>
+
+#include "flashgrad/ring.hpp"
+#endif
 
 namespace py = pybind11;
 using flashgrad::DType;
@@ -290,6 +296,70 @@ void dropout_keep_mask(const py::dict& opts, int64_t batch, int64_t heads_q, int
   run([&] { flashgrad::dropout_keep_mask(o, batch, heads_q, seqlen_q, seqlen_k, tkeep); });
 }
 
+#if FLASHGRAD_PY_MPI
+// The MPI communicator inside an mpi4py.MPI.Comm (mpi4py's C API, imported on first use).
+MPI_Comm comm_of(const std::string& fn, py::handle comm) {
+  static bool imported = false;
+  if (!imported) {
+    if (import_mpi4py() < 0) throw py::error_already_set();
+    imported = true;
+  }
+  if (!PyObject_TypeCheck(comm.ptr(), &PyMPIComm_Type))
+    fail(true, fn, "comm", "an mpi4py.MPI.Comm", std::string(Py_TYPE(comm.ptr())->tp_name));
+  return *PyMPIComm_Get(comm.ptr());
+}
+
+flashgrad::RingOptions ring_options(const std::string& fn, py::handle comm, const std::string& sharding) {
+  flashgrad::RingOptions r;
+  r.comm = comm_of(fn, comm);
+  if (sharding != "zigzag" && sharding != "contiguous")
+    fail(false, fn, "sharding", "'zigzag' or 'contiguous'", "'" + sharding + "'");
+  r.sharding = sharding == "zigzag" ? flashgrad::Sharding::zigzag : flashgrad::Sharding::contiguous;
+  return r;
+}
+
+void ring_forward(const py::dict& opts, py::handle comm, const std::string& sharding, py::handle q,
+                  py::handle k, py::handle v, py::handle out, py::handle lse) {
+  Holder h;
+  const std::string fn = "ring_forward";
+  const flashgrad::Options o = options(fn, opts, h);
+  const flashgrad::RingOptions r = ring_options(fn, comm, sharding);
+  const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
+                   tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, true, h),
+                   tlse = to_view(fn, "lse", lse, true, h);
+  run([&] { flashgrad::ring_forward(o, r, tq, tk, tv, tout, tlse); });
+}
+
+void ring_backward(const py::dict& opts, py::handle comm, const std::string& sharding, py::handle q,
+                   py::handle k, py::handle v, py::handle out, py::handle lse, py::handle dout, py::handle dq,
+                   py::handle dk, py::handle dv, py::handle dsinks, py::handle dbias) {
+  Holder h;
+  const std::string fn = "ring_backward";
+  const flashgrad::Options o = options(fn, opts, h);
+  const flashgrad::RingOptions r = ring_options(fn, comm, sharding);
+  const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
+                   tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, false, h),
+                   tlse = to_view(fn, "lse", lse, false, h), tdout = to_view(fn, "dout", dout, false, h);
+  flashgrad::Grads g{to_view(fn, "dq", dq, true, h), to_view(fn, "dk", dk, true, h),
+                     to_view(fn, "dv", dv, true, h), opt_view(fn, "dsinks", dsinks, true, h),
+                     opt_view(fn, "dbias", dbias, true, h)};
+  run([&] { flashgrad::ring_backward(o, r, tq, tk, tv, tout, tlse, tdout, g); });
+}
+
+std::vector<std::pair<int64_t, int64_t>> shard_rows(const std::string& sharding, int64_t seqlen, int rank,
+                                                    int world) {
+  if (sharding != "zigzag" && sharding != "contiguous")
+    fail(false, "shard_rows", "sharding", "'zigzag' or 'contiguous'", "'" + sharding + "'");
+  std::vector<std::pair<int64_t, int64_t>> out;
+  run([&] {
+    for (const auto& r : flashgrad::shard_rows(
+             sharding == "zigzag" ? flashgrad::Sharding::zigzag : flashgrad::Sharding::contiguous, seqlen, rank, world))
+      out.emplace_back(r.start, r.length);
+  });
+  return out;
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(_flashgrad, m) {
@@ -322,4 +392,15 @@ PYBIND11_MODULE(_flashgrad, m) {
     return std::string(name);
   });
   m.def("max_threads", &flashgrad::max_threads);
+#if FLASHGRAD_PY_MPI
+  m.attr("has_ring") = true;
+  m.def("ring_forward", &ring_forward, py::arg("opts"), py::arg("comm"), py::arg("sharding"), py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"));
+  m.def("ring_backward", &ring_backward, py::arg("opts"), py::arg("comm"), py::arg("sharding"), py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("dq"), py::arg("dk"),
+        py::arg("dv"), py::arg("dsinks").none(true), py::arg("dbias").none(true));
+  m.def("shard_rows", &shard_rows, py::arg("sharding"), py::arg("seqlen"), py::arg("rank"), py::arg("world"));
+#else
+  m.attr("has_ring") = false;
+#endif
 }
