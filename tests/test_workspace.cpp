@@ -104,6 +104,18 @@ TEST(Workspace, LinearInSequenceLengthAt32k) {
   }
 }
 
+// Issue 3's memory goal: forward + backward at B = 1, H = 8, d = 64,
+// L = 65536 in bf16 need the inputs, outputs and gradients plus < 64 MiB
+// (CallsAllocateWhatTheQueryReports shows a call allocates what is reported).
+TEST(Workspace, LongBf16TrainingStepUnder64MiB) {
+  for (int threads : {1, 2}) {
+    const int64_t fwd = workspace(false, {65536, 8, 64}, threads);
+    const int64_t bwd = workspace(true, {65536, 8, 64}, threads);
+    RecordProperty("bytes_65536_threads_" + std::to_string(threads), std::to_string(fwd + bwd));
+    EXPECT_LT(fwd + bwd, int64_t{64} << 20) << "threads " << threads << ": forward " << fwd << ", backward " << bwd;
+  }
+}
+
 // What a call really allocates, seen through operator new: the workspace the
 // query reported, and nothing of size Lq * Lk.
 TEST(Workspace, CallsAllocateWhatTheQueryReports) {
