@@ -1,9 +1,23 @@
 #include "tiling.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 namespace flashgrad {
 namespace {
+
+constexpr int64_t kHuge = int64_t{1} << 60;
+
+int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) || r > kHuge ? kHuge : r;
+}
+int64_t sat_mul(std::initializer_list<int64_t> xs) {
+  int64_t r = 1;
+  for (int64_t x : xs) r = sat_mul(r, x);
+  return r;
+}
+int64_t sat_add(int64_t a, int64_t b) { return a > kHuge - b ? kHuge : a + b; }
 
 // Keep the working set of one tile step (Q, K, V, S, O tiles) near L2 size
 // (1 MiB per Zen 4 core): 64 x 64 tiles up to d = 128, shorter query tiles
@@ -20,13 +34,14 @@ void choose_blocks(const AttnParams& p, TilePlan& t) {
   t.threads = std::max(1, p.num_threads);
 }
 
-// Lays out consecutive buffers, each rounded to kAlign bytes.
+// Lays out consecutive buffers, each rounded to kAlign bytes. Sizes saturate
+// at kHuge (absurd shapes in a workspace query), which no allocation meets.
 struct Carver {
   int64_t acc_bytes;
   int64_t at = 0;
   int64_t take(int64_t elems) {
     const int64_t off = at;
-    at += round_up(elems * acc_bytes, kAlign) / acc_bytes;
+    at = sat_add(at, round_up(sat_mul(elems, acc_bytes), kAlign) / acc_bytes);
     return off;
   }
 };
@@ -44,35 +59,38 @@ TilePlan plan_forward(const AttnParams& p) {
   t.block_q = t.group * t.head_rows;
   t.bq_pad = round_up(t.block_q, kPad);
   t.split_k = std::max<int64_t>(p.seqlen_k, 1);
-  if (p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys) {
+  // Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
+  const int64_t splits = ceil_div(p.seqlen_k, kSplitKeys);
+  if (p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys &&
+      sat_mul({splits, p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, t.acc_bytes}) <= (int64_t{1} << 30)) {
     t.split_k = kSplitKeys;
-    t.splits = ceil_div(p.seqlen_k, kSplitKeys);
+    t.splits = splits;
     t.kv_heads = p.heads_kv;
   }
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
   const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
-  f.q = c.take(rows * t.dqk_pad);
+  f.q = c.take(sat_mul(rows, t.dqk_pad));
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
-  f.s = c.take(t.block_q * t.bk_pad);
-  f.o = c.take(rows * t.dv_pad);
-  f.pv = c.take(t.block_q * t.dv_pad);
+  f.s = c.take(sat_mul(t.block_q, t.bk_pad));
+  f.o = c.take(sat_mul(rows, t.dv_pad));
+  f.pv = c.take(sat_mul(t.block_q, t.dv_pad));
   f.stage = c.take(t.bk_pad * t.dqk_pad);
   f.row_m = c.take(rows);
   f.row_l = c.take(rows);
   f.row_alpha = c.take(rows);
-  f.row_lo = c.take(t.block_q * 8 / t.acc_bytes);
-  f.row_hi = c.take(t.block_q * 8 / t.acc_bytes);
+  f.row_lo = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
+  f.row_hi = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
   f.total = c.at;
-  t.per_thread_bytes = round_up(f.total * t.acc_bytes, kAlign);
+  t.per_thread_bytes = round_up(sat_mul(f.total, t.acc_bytes), kAlign);
   t.shared_bytes = 0;
   if (t.splits > 1) {
     Carver s{t.acc_bytes};
-    const int64_t part_rows = t.splits * p.batch * p.heads_q * p.seqlen_q;
-    f.part_o = s.take(part_rows * p.head_dim_v);
+    const int64_t part_rows = sat_mul({t.splits, p.batch, p.heads_q, p.seqlen_q});
+    f.part_o = s.take(sat_mul(part_rows, p.head_dim_v));
     f.part_lse = s.take(part_rows);
-    t.shared_bytes = s.at * t.acc_bytes;
+    t.shared_bytes = sat_mul(s.at, t.acc_bytes);
   }
   return t;
 }
@@ -104,12 +122,12 @@ TilePlan plan_backward(const AttnParams& p) {
   // pass's ownership of its rows.
   constexpr int64_t kFusedBytes = int64_t{48} << 20;
   const int64_t tasks = p.batch * p.heads_kv;
-  const int64_t dq_elems = p.heads_q / std::max<int64_t>(p.heads_kv, 1) * p.seqlen_q * t.dqk_pad;
-  t.fused = !p.dbias.data && dq_elems * t.acc_bytes * t.threads <= kFusedBytes &&
+  const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
+  t.fused = !p.dbias.data && sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
             (tasks % t.threads == 0 || tasks >= 4 * t.threads);
   if (t.fused) g.dq_acc = c.take(dq_elems);
   g.total = c.at;
-  t.per_thread_bytes = round_up(g.total * t.acc_bytes, kAlign);
+  t.per_thread_bytes = round_up(sat_mul(g.total, t.acc_bytes), kAlign);
   // delta [batch, heads_q, seqlen_q] and one dsinks partial per (batch, head, query block).
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, t.block_q);

@@ -65,7 +65,12 @@ struct TilePlan {
   BackwardScratch bwd{};
   int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned
   int64_t shared_bytes = 0;      ///< O(seqlen) vectors (delta, dsinks partials)
-  int64_t total_bytes() const { return per_thread_bytes * threads + shared_bytes; }
+  int64_t total_bytes() const {  // saturates like the sizes (tiling.cpp)
+    int64_t n = 0;
+    return __builtin_mul_overflow(per_thread_bytes, int64_t{threads}, &n) || __builtin_add_overflow(n, shared_bytes, &n)
+               ? int64_t{1} << 62
+               : n;
+  }
 };
 
 TilePlan plan_forward(const AttnParams& p);
