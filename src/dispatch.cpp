@@ -4,13 +4,36 @@
 #include <cstring>
 #include <string>
 
+#if FLASHGRAD_HAVE_X86_KERNELS
+#include <cpuid.h>
+#endif
+
 namespace flashgrad {
+
+namespace {
+constexpr Isa kAll[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16};
+
+#if FLASHGRAD_HAVE_X86_KERNELS
+// CPUID.(EAX=7, ECX=1):EAX bit 5. Asked directly: not every compiler's
+// __builtin_cpu_supports knows "avx512bf16". The zmm state it needs is the
+// one the avx512 check already found enabled.
+bool has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  if (a < 1) return false;  // leaf 7 has no subleaf 1
+  __cpuid_count(7, 1, a, b, c, d);
+  return (a >> 5) & 1u;
+}
+#endif
+}  // namespace
 
 const char* isa_to_string(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512bf16: return "avx512bf16";
   }
   return "?";
 }
@@ -27,6 +50,10 @@ bool cpu_supports(Isa isa) {
       return cpu_supports(Isa::avx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq");
+    case Isa::avx512bf16: {
+      static const bool yes = cpu_supports(Isa::avx512) && has_avx512_bf16();
+      return yes;
+    }
 #else
     default: return false;
 #endif
@@ -36,19 +63,31 @@ bool cpu_supports(Isa isa) {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+  for (Isa isa : kAll)
     if (cpu_supports(isa)) out.push_back(isa);
   return out;
 }
 
+// avx512bf16 stays opt-in (dispatch.hpp): of the supported ISAs, the last one
+// before it.
+Isa default_isa() {
+  Isa best = Isa::scalar;
+  for (Isa isa : supported_isas())
+    if (isa != Isa::avx512bf16) best = isa;
+  return best;
+}
+
 const KernelTable& kernels_for(Isa isa) {
-  if (!cpu_supports(isa))
-    throw Error(std::string("flashgrad::isa: argument 'isa': expected an ISA this CPU and build support (") +
-                    (cpu_supports(Isa::avx512) ? "scalar, avx2, avx512" : cpu_supports(Isa::avx2) ? "scalar, avx2" : "scalar") +
+  if (!cpu_supports(isa)) {
+    std::string names;
+    for (Isa s : supported_isas()) names += std::string(names.empty() ? "" : ", ") + isa_to_string(s);
+    throw Error(std::string("flashgrad::isa: argument 'isa': expected an ISA this CPU and build support (") + names +
                     "), got '" + isa_to_string(isa) + "'",
                 Error::Code::unsupported);
+  }
   switch (isa) {
 #if FLASHGRAD_HAVE_X86_KERNELS
+    case Isa::avx512bf16: return cpu::avx512bf16::table;
     case Isa::avx512: return cpu::avx512::table;
     case Isa::avx2: return cpu::avx2::table;
 #endif
@@ -60,12 +99,12 @@ namespace {
 const KernelTable& choose() {
   const char* env = std::getenv("FLASHGRAD_ISA");
   if (env && *env) {
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
+    for (Isa isa : kAll)
       if (std::strcmp(env, isa_to_string(isa)) == 0) return kernels_for(isa);
-    throw Error(std::string("flashgrad::isa: environment variable 'FLASHGRAD_ISA': expected scalar, avx2 or "
-                            "avx512, got '") + env + "'");
+    throw Error(std::string("flashgrad::isa: environment variable 'FLASHGRAD_ISA': expected scalar, avx2, "
+                            "avx512 or avx512bf16, got '") + env + "'");
   }
-  return kernels_for(supported_isas().back());
+  return kernels_for(default_isa());
 }
 }  // namespace
 

@@ -1,6 +1,12 @@
 // Run-time ISA dispatch. One kernel source (src/cpu/kernels.inl) is compiled
 // once per ISA; the table for the best ISA the CPU has is chosen once, at first
-// use. FLASHGRAD_ISA=scalar|avx2|avx512 forces one.
+// use. FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16 forces one.
+//
+// avx512bf16 is avx512 with bf16 storage's forward on AVX512_BF16 dot
+// products. It is never chosen on its own: on the Intel CPU it was measured
+// on (Emerald Rapids) vdpbf16ps issues once per two cycles, half the f32 FMA
+// rate, and FMAs mixed in do not overlap it, so its forward is slower than
+// avx512's f32 tiles (docs/design.md, "bf16 on AVX512_BF16").
 #pragma once
 
 #include <vector>
@@ -10,7 +16,7 @@
 
 namespace flashgrad {
 
-enum class Isa { scalar, avx2, avx512 };
+enum class Isa { scalar, avx2, avx512, avx512bf16 };
 
 struct KernelTable {
   Isa isa;
@@ -24,8 +30,11 @@ struct KernelTable {
 
 const char* isa_to_string(Isa isa);
 bool cpu_supports(Isa isa);
-// ISAs this CPU can run, best last.
+// ISAs this CPU can run, in enum order.
 std::vector<Isa> supported_isas();
+// The ISA kernels() uses when FLASHGRAD_ISA is not set: the best this CPU
+// has, avx512bf16 aside.
+Isa default_isa();
 // The table in use (honours FLASHGRAD_ISA; throws Error if it names an ISA the CPU lacks).
 const KernelTable& kernels();
 // A specific table, for tests that run every ISA. Throws Error if unsupported.
@@ -35,6 +44,7 @@ namespace cpu {
 namespace scalar { extern const KernelTable table; }
 namespace avx2 { extern const KernelTable table; }
 namespace avx512 { extern const KernelTable table; }
+namespace avx512bf16 { extern const KernelTable table; }
 }  // namespace cpu
 
 }  // namespace flashgrad

@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "dispatch.hpp"
 #include "harness.hpp"
+#include "parallel.hpp"
+#include "tiling.hpp"
 
 namespace flashgrad::testing {
 namespace {
@@ -259,6 +262,115 @@ TEST_F(Kernels, DropoutMaskMatchesRequestedRate) {
   o.seed = 100;
   dropout_keep_mask(o, 2, 3, 64, 96, TensorView::contiguous(again.data(), DType::u8, {2, 3, 64, 96}));
   EXPECT_NE(keep, again) << "a different seed must give a different mask";
+}
+
+
+// The avx512bf16 path: bf16 storage's forward on AVX512_BF16 dot products
+// (Bf16DotTiles in forward.inl). kernels() never picks it by itself, so these
+// tests call its table directly: the forward through it, the backward (the
+// avx512 one either way) through the API. They run under the avx512 label.
+class Bf16DotProducts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+    const char* env = std::getenv("FLASHGRAD_ISA");
+    if (env && *env && std::strcmp(env, "avx512") != 0 && std::strcmp(env, "avx512bf16") != 0)
+      GTEST_SKIP() << "runs under the avx512 label";
+  }
+};
+
+// out and lse of c's forward through one kernel table.
+void forward_with(const KernelTable& table, const Problem& p, Outputs& o) {
+  AttnParams prm = make_params("test_kernels", CallKind::forward, p.opts,
+                               CallTensors{&p.q.view, &p.k.view, &p.v.view, &o.out.view, &o.lse.view});
+  prm.num_threads = resolve_threads(prm.num_threads);
+  const TilePlan plan = plan_forward(prm);
+  std::vector<double> ws(static_cast<size_t>(plan.total_bytes() / 8 + 8));  // 8-byte aligned
+  void* base = ws.data();
+  size_t space = ws.size() * 8;
+  table.forward(prm, plan, std::align(static_cast<size_t>(kAlign), static_cast<size_t>(plan.total_bytes()), base, space));
+}
+
+void expect_bf16_dot_pass(const Case& c) {
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  forward_with(kernels_for(Isa::avx512bf16), p, o);
+  Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
+  if (o.dsinks.present()) g.dsinks = o.dsinks.view;
+  if (o.dbias.present()) g.dbias = o.dbias.view;
+  flashgrad::backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
+  const Report r = compare_with_reference(p, o, true);
+  EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on avx512bf16\n" << r.table();
+}
+
+// Odd head dims and odd key counts pad the last pair with zero; the padded
+// layout (head_dim strided) takes the element-wise packing.
+TEST_F(Bf16DotProducts, OddDimsAndKeyCountsPassTheToleranceRule) {
+  const std::vector<std::pair<int64_t, int64_t>> dims = {{1, 1},   {3, 5},   {17, 9},    {33, 31},
+                                                         {64, 64}, {127, 65}, {128, 128}, {256, 256}};
+  for (auto [d, dv] : dims)
+    for (int64_t lk : {1, 7, 65, 130}) {
+      Case c = base(DType::bf16);
+      c.batch = 1;
+      c.seqlen_q = d >= 256 ? 17 : 33;
+      c.seqlen_k = lk;
+      c.head_dim = d;
+      c.head_dim_v = dv;
+      c.causal = lk == 130;
+      c.name = "bf16dot_d" + std::to_string(d) + "_dv" + std::to_string(dv) + "_lk" + std::to_string(lk);
+      expect_bf16_dot_pass(c);
+    }
+  for (Layout l : {Layout::bhsd, Layout::padded}) {
+    Case c = base(DType::bf16);
+    c.head_dim = 33;
+    c.head_dim_v = 7;
+    c.layout = l;
+    c.name = "bf16dot_layout";
+    expect_bf16_dot_pass(c);
+  }
+}
+
+TEST_F(Bf16DotProducts, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
+  std::vector<Case> cs;
+  Case c = base(DType::bf16);
+  cs.push_back(c);
+  c.heads_q = 16; c.heads_kv = 2; c.causal = true; cs.push_back(c);
+  c = base(DType::bf16); c.window_left = 7; c.window_right = 2; cs.push_back(c);
+  c = base(DType::bf16); c.softcap = 2.5; c.input_scale = 3.0; cs.push_back(c);
+  c = base(DType::bf16); c.alibi = true; c.bias = BiasKind::full; c.dbias = true; cs.push_back(c);
+  c = base(DType::bf16); c.mask = MaskKind::key_padding; c.sinks = true; cs.push_back(c);
+  c = base(DType::bf16); c.dropout_p = 0.25; cs.push_back(c);
+  c = base(DType::bf16); c.softmax_scale = 0.3; cs.push_back(c);
+  c = base(DType::bf16); c.seqlens_q = {5, 0, 70, 1}; c.seqlens_k = {9, 4, 131, 0}; cs.push_back(c);
+  c = base(DType::bf16); c.seqlen_q = 5; c.seqlen_k = 2 * 2048 + 37; c.head_dim = 16; c.head_dim_v = 8;
+  c.causal = true; c.sinks = true; cs.push_back(c);
+  // Logits ~1e32: the backward recomputes S with f32 tiles and needs
+  // S - lse <= 0 from the forward's lse, which holds bit for bit only with a
+  // power-of-two scale (ScoresMatchTheF32TilesBitForBit); d = 64 has one.
+  c = base(DType::bf16); c.head_dim = 64; c.input_scale = 1e16; c.causal = true; cs.push_back(c);
+  for (auto& x : cs) {
+    x.name = "bf16dot_features";
+    expect_bf16_dot_pass(x);
+  }
+}
+
+// With a power-of-two scale the dot products give S bit for bit as the f32
+// tiles do (vec_avx512.inl), so lse, which only S feeds, is identical, and
+// the backward's recomputed P = exp(S - lse) never exceeds 1. (out differs:
+// P V runs on P rounded to bf16.)
+TEST_F(Bf16DotProducts, ScoresMatchTheF32TilesBitForBit) {
+  for (auto [d, scale] : {std::pair{int64_t{64}, 0.0}, std::pair{int64_t{17}, 0.25}, std::pair{int64_t{128}, 0.0625}}) {
+    Case c = base(DType::bf16);
+    c.head_dim = d;
+    c.softmax_scale = scale;
+    c.seqlen_k = 131;
+    c.causal = true;
+    Problem p = make_problem(c);
+    Outputs dot = make_outputs(p, false), f32 = make_outputs(p, false);
+    forward_with(kernels_for(Isa::avx512bf16), p, dot);
+    forward_with(kernels_for(Isa::avx512), p, f32);
+    EXPECT_EQ(dot.lse.bytes, f32.lse.bytes) << c.describe();
+  }
 }
 
 }  // namespace

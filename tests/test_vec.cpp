@@ -7,6 +7,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
+
+#include "dispatch.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace flashgrad::vec_test {
 #define FG_PORTABLE_HALF 1
@@ -80,3 +88,112 @@ TEST(PortableHalf, Bf16RoundsToNearestEven) {
 
 }  // namespace
 }  // namespace flashgrad::vec_test
+
+// The AVX512_BF16 pieces of the avx512bf16 forward (vec_avx512.inl under
+// FG_BF16_DOT), compiled here with that path's target options and run when
+// the CPU has AVX512_BF16.
+#if defined(__x86_64__) || defined(__i386__)
+// As in kernels_avx512.cpp: GCC 12 warns inside its own intrinsics headers.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+#endif
+namespace flashgrad::vec_bf16_test {
+#define FG_BF16_DOT 1
+#include "cpu/vec_avx512.inl"
+
+// c = mul * a b through the pair layouts the forward uses: rows of a as
+// pairs (load_bf16_pairs), k rows of b interleaved two by two.
+std::vector<float> gemm_pairs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int64_t m,
+                              int64_t n, int64_t k, float mul) {
+  const int64_t kp = (k + 1) / 2, lda = (kp + 15) / 16 * 16;
+  std::vector<uint32_t> ap(static_cast<size_t>(m * lda)), bp(static_cast<size_t>(kp * n));
+  for (int64_t r = 0; r < m; ++r) load_bf16_pairs(a.data() + r * k, k, lda, ap.data() + r * lda);
+  for (int64_t x = 0; x < kp; ++x)
+    interleave_bf16_rows(b.data() + 2 * x * n, 2 * x + 1 < k ? b.data() + (2 * x + 1) * n : nullptr, n, n,
+                         bp.data() + x * n);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  gemm_bf16(m, n, kp, ap.data(), lda, bp.data(), n, c.data(), n, mul);
+  return c;
+}
+
+void round_row(float* s, int64_t n) { round_bf16_pairs(s, n); }
+}  // namespace flashgrad::vec_bf16_test
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#pragma GCC diagnostic pop
+
+namespace flashgrad::vec_test {
+namespace {
+
+float bf16_value(uint16_t bits) { return to_float(bf16_t{bits}); }
+
+// The pair layout keeps each dot product in index order, one rounding per
+// term, as the f32 tile product's FMAs: with a power-of-two scale the result
+// is bit for bit that of sum_p fma(scale * a[p], b[p]), which the backward
+// recomputes S with (tests/test_kernels.cpp checks the whole forward).
+TEST(Bf16Pairs, DotProductsRunInIndexOrderAsTheF32Fmas) {
+  if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int64_t k : {1, 2, 7, 64, 129}) {
+    const int64_t m = 13, n = 64;
+    std::vector<uint16_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+    for (auto& x : a) x = bf16_from(nd(gen)).bits;
+    for (auto& x : b) x = bf16_from(nd(gen)).bits;
+    const float scale = 0.125f;
+    const std::vector<float> got = vec_bf16_test::gemm_pairs(a, b, m, n, k, scale);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        float acc = 0;
+        for (int64_t p = 0; p < k; ++p)
+          acc = std::fma(scale * bf16_value(a[r * k + p]), bf16_value(b[p * n + c]), acc);
+        ASSERT_EQ(got[static_cast<size_t>(r * n + c)], acc) << "k " << k << " row " << r << " col " << c;
+      }
+  }
+}
+
+// P rounded in place: word p of the row holds (s[2p], s[2p + 1]), the first
+// in the high half, each rounded to nearest even as bf16_from does (normal
+// values, ties, infinities, NaN).
+TEST(Bf16Pairs, RoundingInPlaceMatchesBf16From) {
+  if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  std::vector<float> row(96), src;
+  for (auto& x : row) x = ud(gen);
+  const uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu};
+  for (int i = 0; i < 4; ++i) std::memcpy(&row[static_cast<size_t>(10 + i)], &ties[i], 4);
+  row[20] = std::numeric_limits<float>::infinity();
+  row[21] = -std::numeric_limits<float>::infinity();
+  row[22] = std::numeric_limits<float>::quiet_NaN();
+  row[23] = 0.0f;
+  src = row;
+  vec_bf16_test::round_row(row.data(), 96);
+  for (size_t p = 0; p < 48; ++p) {
+    uint32_t w;
+    std::memcpy(&w, &row[p], 4);
+    for (int half = 0; half < 2; ++half) {
+      const float x = src[2 * p + static_cast<size_t>(half)];
+      const uint16_t got = static_cast<uint16_t>(half == 0 ? w >> 16 : w & 0xffffu);
+      if (std::isnan(x))
+        EXPECT_TRUE(std::isnan(bf16_value(got))) << "element " << 2 * p + half;
+      else
+        EXPECT_EQ(got, bf16_from(x).bits) << "element " << 2 * p + half << " = " << x;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashgrad::vec_test
+#endif

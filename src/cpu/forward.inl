@@ -3,7 +3,8 @@
 // so each K/V tile is loaded once per group. Keys are visited in blocks with
 // an online softmax, so no seqlen_q x seqlen_k buffer exists. Short queries
 // split the keys (TilePlan::splits) and merge the splits' (out, lse) with
-// merge_row in split order.
+// merge_row in split order. The tile products and their layouts are the
+// Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16.
 
 template <typename Acc>
 struct Slice {
@@ -33,6 +34,107 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
   for (int64_t x = n * pad; x < ld * pad; ++x) stage[x] = Acc(0);
   transpose(ld, pad, stage, pad, dst, ld);
 }
+
+// The forward's two tile products and the tile layouts they read, in Acc
+// (every ISA and dtype): Q pre-scaled by scale, K^T and V staged as Acc
+// tiles, both products in gemm_fwd.
+template <typename T, typename Acc>
+struct AccTiles {
+  // Elements per row of the Q tile.
+  static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad; }
+  // Rows [seq0, seq0 + n) of head h of q, times scale, into dst ([n, ld]).
+  static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
+                     Acc scale, Acc* dst) {
+    load_tile<T>(q, b, seq0, h, n, d, ld, dst);
+    for (int64_t x = 0; x < n * ld; ++x) dst[x] *= scale;
+  }
+  // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v.
+  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                      Acc* kt, Acc* v, Acc* stage) {
+    load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, kt, stage);
+    load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
+  }
+  // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
+  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
+    gemm_fwd(mq, plan.bk_pad, d, q, plan.dqk_pad, kt, plan.bk_pad, s, plan.bk_pad);
+  }
+  // pv [mq, dv_pad] = P v over the tile's nj keys, P in s.
+  static void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, Acc* pv) {
+    gemm_fwd(mq, plan.dv_pad, nj, s, plan.bk_pad, v, plan.dv_pad, pv, plan.dv_pad);
+  }
+};
+
+#if FG_BF16_DOT
+// bf16 storage on AVX512_BF16 dot products (kernels_avx512bf16.cpp). The
+// tiles hold bf16 pairs (vec_avx512.inl) in the Acc buffers' space:
+//   Q   [rows, dqk_pad / 2]     pairs along d, not scaled (rounding q * scale
+//                               to bf16 would lose bits: the scale goes on S in f32)
+//   K   [dqk_pad / 2, bk_pad]   pairs along d, key j in column j: rows of K as
+//                               pairs, transposed as 32-bit words
+//   V   [bk_pad / 2, dv_pad]    pairs of consecutive keys
+//   P   [mq, bk_pad / 2]        S's own rows after exp and dropout, rounded
+//                               to bf16 in place (row stride bk_pad words)
+// Odd d and odd key counts pad the last pair with zero. The dot products run
+// in index order, so with a power-of-two scale S is bit for bit the f32
+// tiles' (scale q) . k, which the backward recomputes; with another scale
+// they differ by rounding, and logits beyond ~1e5 then let the backward's
+// exp(S - lse) exceed 1 (docs/design.md).
+struct Bf16DotTiles {
+  static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad / 2; }
+  // Row seq of head h of a bf16 operand (n elements) as ld pairs.
+  static void load_pairs(const Operand& o, int64_t b, int64_t seq, int64_t h, int64_t n, int64_t ld, uint32_t* dst) {
+    const uint16_t* src = static_cast<const uint16_t*>(o.data) + row_offset(o, b, seq, h);
+    if (o.dim_stride == 1) return load_bf16_pairs(src, n, ld, dst);
+    for (int64_t x = 0; x < ld; ++x) {
+      const uint32_t first = 2 * x < n ? src[2 * x * o.dim_stride] : 0;
+      const uint32_t second = 2 * x + 1 < n ? src[(2 * x + 1) * o.dim_stride] : 0;
+      dst[x] = first << 16 | second;
+    }
+  }
+  static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
+                     float, float* dst) {
+    for (int64_t r = 0; r < n; ++r) load_pairs(q, b, seq0 + r, h, d, ld, reinterpret_cast<uint32_t*>(dst + r * ld));
+  }
+  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                      float* kt, float* v, float* stage) {
+    const int64_t dp = plan.dqk_pad / 2, lds = plan.bk_pad, ldv = plan.dv_pad;
+    // K rows as pairs, staged [bk_pad, dp], then transposed in 16 x 16 word blocks.
+    auto* st = reinterpret_cast<uint32_t*>(stage);
+    for (int64_t r = 0; r < nj; ++r) load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, st + r * dp);
+    std::memset(st + nj * dp, 0, static_cast<size_t>((lds - nj) * dp) * 4);
+    transpose(lds, dp, stage, dp, kt, lds);
+    // V: key rows 2x and 2x + 1 interleaved into pair row x.
+    const Operand& o = p.v;
+    const auto* base = static_cast<const uint16_t*>(o.data);
+    auto* vp = reinterpret_cast<uint32_t*>(v);
+    for (int64_t x = 0; 2 * x < nj; ++x) {
+      const uint16_t* r0 = base + row_offset(o, b, seq0 + 2 * x, hk);
+      const uint16_t* r1 = 2 * x + 1 < nj ? base + row_offset(o, b, seq0 + 2 * x + 1, hk) : nullptr;
+      uint32_t* dst = vp + x * ldv;
+      if (o.dim_stride == 1) {
+        interleave_bf16_rows(r0, r1, p.head_dim_v, ldv, dst);
+        continue;
+      }
+      for (int64_t c = 0; c < ldv; ++c) {
+        const bool in = c < p.head_dim_v;
+        dst[c] = (in ? uint32_t{r0[c * o.dim_stride]} << 16 : 0u) | (in && r1 ? r1[c * o.dim_stride] : 0u);
+      }
+    }
+  }
+  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
+                 float* s) {
+    gemm_bf16(mq, plan.bk_pad, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
+              reinterpret_cast<const uint32_t*>(kt), plan.bk_pad, s, plan.bk_pad, scale);
+  }
+  // P's padding columns (nj and beyond) are exp(-inf) = 0, so an odd nj's last pair is (P, 0).
+  static void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, float* pv) {
+    const int64_t lds = plan.bk_pad;
+    for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
+    gemm_bf16(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
+              reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad, 1.0f);
+  }
+};
+#endif
 
 // lse is f32, or f64 alongside f64 storage.
 inline double lse_load(const AttnParams& p, int64_t off) {
@@ -95,7 +197,7 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
   lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Tiles>
 void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk0, int64_t qb, int64_t split,
                   Slice<Acc> ws, Slice<Acc> shared) {
   const int64_t lq = p.len_q(b), lk = p.len_k(b), nh = plan.kv_heads;
@@ -103,8 +205,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   if (mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
   const int64_t k_lo = split * plan.split_k, k_hi = std::min(lk, k_lo + plan.split_k);
   const int64_t mq = plan.group * mqh;  // stacked rows of one K/V head
-  const int64_t d = p.head_dim, dv = p.head_dim_v;
-  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, lds = plan.bk_pad;
+  const int64_t d = p.head_dim;
+  const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
   const auto& L = plan.fwd;
   // Per K/V head x: its rows of q, o, m, l and alpha start at x * mq rows.
   Acc *q = ws.at(L.q), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
@@ -119,10 +221,9 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     const Stack st{hk0 + x, plan.group, i0, mqh};
     for (int64_t g = 0; g < plan.group; ++g) {
       ctx.emplace_back(p, b, st.head(g * mqh));
-      load_tile<T>(p.q, b, p.q_start(b) + i0, st.head(g * mqh), mqh, d, ldq, q + (x * mq + g * mqh) * ldq);
+      Tiles::load_q(p.q, b, p.q_start(b) + i0, st.head(g * mqh), mqh, d, ldq, scale, q + (x * mq + g * mqh) * ldq);
     }
   }
-  for (int64_t x = 0; x < nh * mq * ldq; ++x) q[x] *= scale;
   for (int64_t r = 0; r < mq; ++r) ctx[0].row_range(i0 + r % mqh, lo[r], hi[r]);  // the same for every head
   for (int64_t r = 0; r < nh * mq; ++r) {
     m[r] = neg_inf<Acc>();
@@ -138,9 +239,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * mq, *lx = l + x * mq, *ax = alpha + x * mq;
-      load_tile_t<T>(p.k, b, k0 + j0, hk, nj, d, lds, kt, stage);
-      load_tile<T>(p.v, b, k0 + j0, hk, nj, dv, ldv, v);
-      gemm_nn(mq, lds, d, qx, ldq, 1, kt, lds, s, lds);
+      Tiles::load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
+      Tiles::qk(plan, mq, d, qx, kt, scale, s);
       for (int64_t r = 0; r < mq; ++r) {
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
         const int64_t i = i0 + r % mqh;
@@ -157,7 +257,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         c.dropout_row(i, j0, nj, keep, srow);
       }
       // o = o * alpha + P V, with P V summed on its own first (blocked summation).
-      gemm_nn(mq, ldv, nj, s, lds, 1, v, ldv, pv, ldv);
+      Tiles::pv(plan, mq, nj, s, v, pv);
       scale_add(mq, ldv, ax, pv, ox, ldv);
     }
   }
@@ -192,7 +292,7 @@ void merge_splits(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   }
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Tiles = AccTiles<T, Acc>>
 void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const int64_t nqb = ceil_div(p.seqlen_q, plan.head_rows);
   const int64_t per_thread = plan.per_thread_bytes / static_cast<int64_t>(sizeof(Acc));
@@ -202,8 +302,8 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const int64_t head_runs = p.heads_kv / plan.kv_heads;
   parallel_for(p.batch * head_runs * nqb * splits, plan.threads, [&](int64_t task, int thread) {
     const int64_t sp = task % splits, qb = task / splits % nqb, bh = task / splits / nqb;
-    forward_task<T, Acc>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
-                         Slice<Acc>{base + thread * per_thread}, shared);
+    forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
+                                Slice<Acc>{base + thread * per_thread}, shared);
   });
   if (splits == 1) return;
   parallel_for(p.batch * p.heads_q, plan.threads, [&](int64_t task, int thread) {

@@ -4,6 +4,9 @@
 using VecF = __m512;
 constexpr int64_t kLanes = 16;
 constexpr int64_t kGemmMr = 12;
+// The forward's products: 6 rows x 64 columns (gemm_fwd in vec.inl).
+#define FG_FWD_GEMM_MR 6
+#define FG_FWD_GEMM_VECS 4
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
@@ -59,3 +62,114 @@ inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t l
     _mm512_storeu_ps(dst + (12 + k) * ldd, _mm512_shuffle_f32x4(v1, w1, 0xdd));
   }
 }
+
+#if FG_BF16_DOT
+// AVX512_BF16, compiled only in kernels_avx512bf16.cpp. A pair is two bf16
+// values in one 32-bit word, the lower-indexed one in the HIGH half:
+// vdpbf16ps adds the high halves' product to an f32 lane first, then the low
+// halves' (each step one rounding, to nearest even; inputs and results below
+// 2^-126 count as zero), so a dot product runs in index order, as the f32
+// tile product's FMAs do. bf16 products are exact in f32, so the two agree
+// bit for bit (scale aside; see Bf16DotTiles).
+inline __m512bh as_pairs(__m512i x) { return (__m512bh)x; }
+inline __m512i as_words(__m512bh x) { return (__m512i)x; }
+
+// dst[0..npairs) = the pairs of src[0..n) (contiguous), zero past element n;
+// npairs is a multiple of 16. Memory holds src[2p] in the low half of word
+// p: the rotation swaps the halves.
+inline void load_bf16_pairs(const uint16_t* src, int64_t n, int64_t npairs, uint32_t* dst) {
+  for (int64_t p = 0; p < npairs; p += 16) {
+    const int64_t left = n - 2 * p;
+    if (left <= 0) {
+      _mm512_storeu_si512(dst + p, _mm512_setzero_si512());
+      continue;
+    }
+    const __mmask32 k = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+    _mm512_storeu_si512(dst + p, _mm512_rol_epi32(_mm512_maskz_loadu_epi16(k, src + 2 * p), 16));
+  }
+}
+
+// dst[c] = pair (r0[c], r1[c]) for c < n, (r0[c], 0) when r1 is null, 0 for
+// n <= c < pad (a multiple of 16): two rows interleaved into the pair layout
+// of the B operand, whose pairs run down the k index.
+inline void interleave_bf16_rows(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t pad, uint32_t* dst) {
+  for (int64_t c = 0; c < pad; c += 16) {
+    const int64_t left = n - c;
+    if (left <= 0) {
+      _mm512_storeu_si512(dst + c, _mm512_setzero_si512());
+      continue;
+    }
+    const __mmask16 k = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1);
+    const __m512i first = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r0 + c)), 16);
+    const __m512i second = r1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, r1 + c)) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + c, _mm512_or_si512(first, second));
+  }
+}
+
+// s[0..n) (f32, n a multiple of 32) rounded to bf16 pairs in place: word p
+// of the row then holds the pair (s[2p], s[2p + 1]). Each store lands on
+// words the loop has already read.
+inline void round_bf16_pairs(float* s, int64_t n) {
+  for (int64_t j = 0; j < n; j += 32) {
+    const __m512 lo = _mm512_loadu_ps(s + j), hi = _mm512_loadu_ps(s + j + 16);
+    _mm512_storeu_si512(s + j / 2, _mm512_rol_epi32(as_words(_mm512_cvtne2ps_pbh(hi, lo)), 16));
+  }
+}
+
+// C[m, 0..n) = mul * sum_p A[m, p] . B[p, 0..n), p over kp pairs: A's pair
+// (r, p) at a[r * lda + p] is broadcast, B is [kp, ldb] pairs, C is f32.
+// Mr rows x 32 columns of accumulators, as the f32 block.
+template <int Mr>
+inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                            float* c, int64_t ldc, __m512 mul) {
+  __m512 acc0[Mr], acc1[Mr];
+#pragma GCC unroll 16
+  for (int r = 0; r < Mr; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512bh b0 = as_pairs(_mm512_loadu_si512(b + p * ldb));
+    const __m512bh b1 = as_pairs(_mm512_loadu_si512(b + p * ldb + 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < Mr; ++r) {
+      const __m512bh av = as_pairs(_mm512_set1_epi32(static_cast<int>(a[r * lda + p])));
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < Mr; ++r) {
+    _mm512_storeu_ps(c + r * ldc, _mm512_mul_ps(acc0[r], mul));
+    _mm512_storeu_ps(c + r * ldc + 16, _mm512_mul_ps(acc1[r], mul));
+  }
+}
+
+template <int Mr>
+inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                           float* c, int64_t ldc, __m512 mul) {
+  for (int64_t j = 0; j < n; j += 32) gemm_bf16_block<Mr>(kp, a, lda, b + j, ldb, c + j, ldc, mul);
+}
+
+// n a multiple of 32.
+inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                      int64_t ldb, float* c, int64_t ldc, float mul) {
+  FG_DASSERT(n % 32 == 0);
+  const __m512 mv = _mm512_set1_ps(mul);
+  int64_t i = 0;
+  for (; i + kGemmMr <= m; i += kGemmMr) gemm_bf16_rows<kGemmMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
+  a += i * lda;
+  c += i * ldc;
+  switch (m - i) {
+    case 0: break;
+    case 1: gemm_bf16_rows<1>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 2: gemm_bf16_rows<2>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 3: gemm_bf16_rows<3>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 4: gemm_bf16_rows<4>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 5: gemm_bf16_rows<5>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 6: gemm_bf16_rows<6>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 7: gemm_bf16_rows<7>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 8: gemm_bf16_rows<8>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 9: gemm_bf16_rows<9>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 10: gemm_bf16_rows<10>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    default: gemm_bf16_rows<11>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+  }
+}
+#endif

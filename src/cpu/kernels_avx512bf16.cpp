@@ -1,0 +1,67 @@
+// Kernels for the avx512bf16 path: the avx512 path with bf16 storage's
+// forward on AVX512_BF16 dot products (Bf16DotTiles in forward.inl). Only
+// that forward is compiled here, with avx512bf16 added to the avx512 target
+// options; every other entry calls the avx512 table, whose code never
+// contains a BF16 instruction. Standard headers come first so that only
+// flashgrad's own code is compiled with this ISA's target options.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <immintrin.h>
+
+// As in kernels_avx512.cpp: GCC 12 warns inside its own _mm512_reduce_*.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "dispatch.hpp"
+#include "merge.hpp"
+#include "parallel.hpp"
+#include "params.hpp"
+#include "tiling.hpp"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2")
+#endif
+#define FG_PORTABLE_HALF 0
+#define FG_BF16_DOT 1
+#ifndef NDEBUG
+#define FG_DASSERT(x) assert(x)
+#else
+#define FG_DASSERT(x) ((void)0)
+#endif
+
+namespace flashgrad::cpu::avx512bf16 {
+#include "cpu/vec_avx512.inl"
+#include "cpu/vec.inl"
+#include "cpu/rows.inl"
+#include "cpu/rng.inl"
+#include "cpu/scores.inl"
+#include "cpu/forward.inl"
+
+namespace {
+
+void forward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
+  if (p.dtype == DType::bf16)
+    forward_impl<bf16_t, float, Bf16DotTiles>(p, plan, ws);
+  else
+    avx512::table.forward(p, plan, ws);
+}
+void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) { avx512::table.backward(p, plan, ws); }
+void dropout_mask_entry(const AttnParams& p, uint8_t* keep) { avx512::table.dropout_mask(p, keep); }
+
+}  // namespace
+
+extern const KernelTable table;
+const KernelTable table = {Isa::avx512bf16, "avx512bf16", forward_entry, backward_entry, dropout_mask_entry};
+}  // namespace flashgrad::cpu::avx512bf16
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
