@@ -37,7 +37,7 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
 
 // The forward's two tile products and the tile layouts they read, in Acc
 // (every ISA and dtype): Q pre-scaled by scale, K^T and V staged as Acc
-// tiles, both products in gemm_fwd.
+// tiles, both products in gemm_nn.
 template <typename T, typename Acc>
 struct AccTiles {
   // Elements per row of the Q tile.
@@ -56,11 +56,11 @@ struct AccTiles {
   }
   // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
   static void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
-    gemm_fwd(mq, plan.bk_pad, d, q, plan.dqk_pad, kt, plan.bk_pad, s, plan.bk_pad);
+    gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad);
   }
   // pv [mq, dv_pad] = P v over the tile's nj keys, P in s.
   static void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, Acc* pv) {
-    gemm_fwd(mq, plan.dv_pad, nj, s, plan.bk_pad, v, plan.dv_pad, pv, plan.dv_pad);
+    gemm_nn(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, pv, plan.dv_pad);
   }
 };
 

@@ -224,23 +224,7 @@ inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                     const float* b, int64_t ldb, float* c, int64_t ldc) {
-  gemm_f32<kGemmMr, 2>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
-}
-#endif
-
-// The forward's two tile products (S = Q K^T, P V), A row-major: gemm_nn, or
-// the register block the ISA's layer names for them (FG_FWD_GEMM_MR rows x
-// FG_FWD_GEMM_VECS vectors; on AVX-512 6 x 64, 3-5% faster there on those
-// shapes than 12 x 32, docs/design.md). The same sums in the same order.
-template <typename Acc>
-inline void gemm_fwd(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t lda, const Acc* b, int64_t ldb,
-                     Acc* c, int64_t ldc) {
-  gemm_nn(m, n, k, a, lda, 1, b, ldb, c, ldc);
-}
-#if FG_VEC_GEMM && defined(FG_FWD_GEMM_MR)
-inline void gemm_fwd(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                     float* c, int64_t ldc) {
-  gemm_f32<FG_FWD_GEMM_MR, FG_FWD_GEMM_VECS>(m, n, k, a, lda, 1, b, ldb, c, ldc);
+  gemm_f32<kGemmMr, kGemmVecs>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
 }
 #endif
 

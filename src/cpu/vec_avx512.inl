@@ -3,10 +3,11 @@
 #define FG_VEC_GEMM 1
 using VecF = __m512;
 constexpr int64_t kLanes = 16;
-constexpr int64_t kGemmMr = 12;
-// The forward's products: 6 rows x 64 columns (gemm_fwd in vec.inl).
-#define FG_FWD_GEMM_MR 6
-#define FG_FWD_GEMM_VECS 4
+// The tile product's register block: 6 rows x 4 vectors (64 columns), 24
+// accumulators. Against 12 x 32 it measured 3-5% faster on the forward's
+// products and ~5% on the backward's (flashgrad bench, d = 128, 1 thread).
+constexpr int64_t kGemmMr = 6;
+constexpr int64_t kGemmVecs = 4;
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
@@ -154,7 +155,8 @@ inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64
   FG_DASSERT(n % 32 == 0);
   const __m512 mv = _mm512_set1_ps(mul);
   int64_t i = 0;
-  for (; i + kGemmMr <= m; i += kGemmMr) gemm_bf16_rows<kGemmMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
+  constexpr int64_t kMr = 12;
+  for (; i + kMr <= m; i += kMr) gemm_bf16_rows<kMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
   a += i * lda;
   c += i * ldc;
   switch (m - i) {
