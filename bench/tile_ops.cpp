@@ -12,7 +12,8 @@ const TileOps& tile_ops(Isa isa) {
   kernels_for(isa);  // throws the library's error for an ISA this CPU or build lacks
   switch (isa) {
 #if FLASHGRAD_BENCH_X86
-    case Isa::avx512: return avx512::table;
+    case Isa::avx512:
+    case Isa::avx512bf16: return avx512::table;  // its f32 tile routines are avx512's
     case Isa::avx2: return avx2::table;
 #endif
     default: return scalar::table;
