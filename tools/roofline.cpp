@@ -249,8 +249,28 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// "L3 260 MiB": the highest cache level sysfs describes for CPU 0.
+std::string last_level_cache() {
+  int best_level = 0;
+  std::string best;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_in(dir + "level"), size_in(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(level_in >> level) || !(size_in >> size)) continue;
+    if (level > best_level) {
+      best_level = level;
+      const long long kib = std::atoll(size.c_str());  // "266240K"
+      best = "L" + std::to_string(level) + " " + (kib >= 1024 ? std::to_string(kib / 1024) + " MiB" : size);
+    }
+  }
+  return best.empty() ? "unknown" : best;
+}
+
 struct Rates {
   double sgemm = 0, sgemm_1t = 0, bf16 = NAN, dnnl_f32 = NAN, triad = 0, copy = 0;
+  int64_t triad_n = 0;  // doubles in each of the triad's three arrays
   std::string dnnl_impl_bf16 = "n/a", dnnl_impl_f32 = "n/a";
   std::vector<TileRate> tiles;
 };
@@ -281,7 +301,9 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
       .add("bf16_gemm_impl", r.dnnl_impl_bf16)
       .add("dnnl_f32_gemm_gflops", r.dnnl_f32)
       .add("dnnl_f32_gemm_impl", r.dnnl_impl_f32)
+      .add("last_level_cache", last_level_cache())
       .add("triad_gbs", r.triad)
+      .add("triad_array_bytes", r.triad_n * 8)
       .add("memcpy_gbs", r.copy)
       .add_raw("tiles", Json::array(tiles))
       .str();
@@ -297,7 +319,8 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
               core.c_str(), n, rate_text(r.sgemm).c_str(), rate_text(r.sgemm_1t).c_str());
   std::printf("  bf16 GEMM (oneDNN %s) n=%lld: %s GFLOP/s\n", r.dnnl_impl_bf16.c_str(), n, rate_text(r.bf16).c_str());
   std::printf("  f32 GEMM (oneDNN %s) n=%lld:  %s GFLOP/s\n", r.dnnl_impl_f32.c_str(), n, rate_text(r.dnnl_f32).c_str());
-  std::printf("  memory: triad %.1f GB/s, memcpy %.1f GB/s\n\n", r.triad, r.copy);
+  std::printf("  memory: triad %.1f GB/s, memcpy %.1f GB/s (last-level cache %s)\n\n", r.triad, r.copy,
+              last_level_cache().c_str());
   std::printf("  tile products, 1 thread (GFLOP/s):  %-26s %6s %6s %9s %9s\n", "", "m", "n", "OpenBLAS", "flashgrad");
   for (const TileRate& t : r.tiles)
     std::printf("  %-62s %6lld %6lld %9.1f %9s\n", t.shape.name, static_cast<long long>(t.shape.m),
@@ -344,7 +367,8 @@ int run_roofline(Args& args) {
   r.sgemm_1t = sgemm_gflops(s.gemm_n, 1, s.repeats);
   r.tiles = tile_rates(s.quick ? 3 : 5);
   // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
-  r.triad = triad_gbs(s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25), s.threads, s.quick ? 3 : 10);
+  r.triad_n = s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
+  r.triad = triad_gbs(r.triad_n, s.threads, s.quick ? 3 : 10);
   r.copy = memcpy_gbs(s.quick ? (int64_t{128} << 20) : (int64_t{512} << 20), s.threads, s.quick ? 3 : 10);
   if (s.json)
     std::printf("%s\n", rates_json(s, r, core, core_origin).c_str());

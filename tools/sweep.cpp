@@ -102,6 +102,17 @@ std::map<std::string, std::string> fields(const std::string& output) {
   return out;
 }
 
+// A child's peak resident memory. Its own VmHWM, which it prints, counts
+// only the program it runs: ru_maxrss from wait4 also counts the copy of this
+// process that fork made before exec (Linux keeps the larger high-water mark
+// across exec), so it can never read less than this process's size.
+int64_t child_peak(const ChildResult& r) {
+  const auto f = fields(r.output);
+  if (const auto it = f.find("vmhwm"); it != f.end() && std::atoll(it->second.c_str()) > 0)
+    return std::atoll(it->second.c_str());
+  return r.peak_rss_bytes;
+}
+
 // Numbers and strings of the JSON `flashgrad roofline --json` printed: this
 // program's own output, one object whose top-level keys are unique.
 // Every number after "key": in order (for the keys of an array's objects).
@@ -146,8 +157,11 @@ MachineRates measure_machine(const Sweep& s) {
   m.dnnl_f32_gflops = json_number(json, "dnnl_f32_gemm_gflops");
   m.triad_gbs = json_number(json, "triad_gbs");
   m.memcpy_gbs = json_number(json, "memcpy_gbs");
+  m.triad_array_bytes = json_number(json, "triad_array_bytes");
   const std::vector<std::string> impl = json_strings(json, "bf16_gemm_impl");
   m.bf16_gemm_impl = impl.empty() ? "" : impl.front();
+  const std::vector<std::string> llc = json_strings(json, "last_level_cache");
+  m.last_level_cache = llc.empty() ? "unknown" : llc.front();
   const std::vector<std::string> products = json_strings(json, "product");
   const std::vector<double> tm = json_numbers(json, "m"), tn = json_numbers(json, "n"), tk = json_numbers(json, "k");
   const std::vector<double> ob = json_numbers(json, "openblas_gflops"), fg = json_numbers(json, "flashgrad_gflops");
@@ -193,7 +207,7 @@ void setup_torch(Sweep& s) {
     return;
   }
   s.torch_version = f.at("torch");
-  s.floor_torch = r.peak_rss_bytes;
+  s.floor_torch = child_peak(r);
 }
 
 Timing parse_timing(const ChildResult& r, const std::string& what) {
@@ -211,7 +225,7 @@ Timing parse_timing(const ChildResult& r, const std::string& what) {
   t.bwd_ms = std::stod(f.at("bwd_ms"));
   t.fwd_bwd_ms = std::stod(f.at("fwd_bwd_ms"));
   t.runs = std::stoll(f.at("runs"));
-  t.peak_bytes = r.peak_rss_bytes;
+  t.peak_bytes = child_peak(r);
   return t;
 }
 
@@ -401,7 +415,7 @@ int run_sweep(Args& args) {
 
   std::printf("\n(machine) the rates flashgrad is divided by\n");
   s.machine.start = measure_machine(s);
-  s.floor_flash = run_child({s.exe, "measure", "--impl", "none", "--seqlen", "1"}).peak_rss_bytes;
+  s.floor_flash = child_peak(run_child({s.exe, "measure", "--impl", "none", "--seqlen", "1"}));
   run_extras(s);
   run_grid(s);
   if (!s.settings.quick) {

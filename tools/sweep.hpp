@@ -44,8 +44,9 @@ struct Settings {
 struct MachineRates {
   std::string json;  // the roofline's object as it printed it; empty when not run
   double sgemm_gflops = NAN, sgemm_1thread_gflops = NAN, bf16_gemm_gflops = NAN, dnnl_f32_gflops = NAN;
-  double triad_gbs = NAN, memcpy_gbs = NAN;
+  double triad_gbs = NAN, memcpy_gbs = NAN, triad_array_bytes = NAN;
   std::string bf16_gemm_impl;
+  std::string last_level_cache;  // e.g. "L3 260 MiB", from sysfs
   struct Tile {  // one tile product's shape, OpenBLAS and flashgrad on it, 1 thread
     std::string product, shape;
     double openblas_gflops = NAN, flashgrad_gflops = NAN;
@@ -67,6 +68,15 @@ struct Machine {
     return best(t == DType::bf16 ? &MachineRates::bf16_gemm_gflops : &MachineRates::sgemm_gflops);
   }
   const char* gemm_name(DType t) const { return t == DType::bf16 ? "bf16 GEMM" : "SGEMM"; }
+  // The fastest matmul measured at all (OpenBLAS or oneDNN, f32 or bf16): a
+  // closer bound on what the cores can do than the one the ratios use.
+  double best_gemm_gflops() const {
+    double best = 0;
+    for (double MachineRates::*rate :
+         {&MachineRates::sgemm_gflops, &MachineRates::dnnl_f32_gflops, &MachineRates::bf16_gemm_gflops})
+      if (const double x = this->best(rate); x > best) best = x;
+    return best;
+  }
   double triad_gbs() const { return best(&MachineRates::triad_gbs); }
 };
 
@@ -85,7 +95,7 @@ struct Timing {
   bool present = false;
   double fwd_ms = 0, bwd_ms = 0, fwd_bwd_ms = 0;  // medians; fwd_bwd: of each run's sum
   int64_t runs = 0;
-  int64_t peak_bytes = 0;  // the child's ru_maxrss
+  int64_t peak_bytes = 0;  // the child's VmHWM (ru_maxrss if it printed none)
   double wall_s = 0;       // the whole child
   std::string note;        // why there is no timing
 };

@@ -31,7 +31,7 @@ std::string times(double x) { return format("%.2fx", x); }
 
 // --- JSON ----------------------------------------------------------------------------------
 
-std::string timing_json(const GridRow& r, const Timing& t, double gemm) {
+std::string timing_json(const GridRow& r, const Timing& t, double gemm, double best) {
   if (!t.present) return Json().add("note", t.note).str();
   return Json()
       .add("fwd_ms", t.fwd_ms)
@@ -46,6 +46,7 @@ std::string timing_json(const GridRow& r, const Timing& t, double gemm) {
       .add("fwd_ratio_to_gemm", fwd_rate(r, t) / gemm)
       .add("bwd_ratio_to_gemm", bwd_rate(r, t) / gemm)
       .add("fwd_bwd_ratio_to_gemm", both_rate(r, t) / gemm)
+      .add("fwd_bwd_ratio_to_best_gemm", both_rate(r, t) / best)
       .str();
 }
 
@@ -62,7 +63,7 @@ std::string speedup_json(const Timing& flash, const Timing& peer) {
 std::string grid_json(const Sweep& s) {
   std::vector<std::string> rows;
   for (const GridRow& r : s.grid) {
-    const double gemm = s.machine.gemm_gflops(r.c.dtype);
+    const double gemm = s.machine.gemm_gflops(r.c.dtype), best = s.machine.best_gemm_gflops();
     rows.push_back(Json()
                        .add("seqlen", r.c.seqlen)
                        .add("dtype", dtype_name(r.c.dtype))
@@ -71,9 +72,9 @@ std::string grid_json(const Sweep& s) {
                        .add("forward_flops", r.forward_flops)
                        .add("gemm", s.machine.gemm_name(r.c.dtype))
                        .add("gemm_gflops", gemm)
-                       .add_raw("flashgrad", timing_json(r, r.flash, gemm))
-                       .add_raw("naive", timing_json(r, r.naive, gemm))
-                       .add_raw("torch", timing_json(r, r.torch, gemm))
+                       .add_raw("flashgrad", timing_json(r, r.flash, gemm, best))
+                       .add_raw("naive", timing_json(r, r.naive, gemm, best))
+                       .add_raw("torch", timing_json(r, r.torch, gemm, best))
                        .add_raw("speedup_vs_naive", speedup_json(r.flash, r.naive))
                        .add_raw("speedup_vs_torch", speedup_json(r.flash, r.torch))
                        .str());
@@ -157,6 +158,7 @@ std::string sweep_json(const Sweep& s) {
       .add("sgemm_gflops_used", s.machine.gemm_gflops(DType::f32))
       .add("bf16_gemm_gflops_used", s.machine.gemm_gflops(DType::bf16))
       .add("triad_gbs_used", s.machine.triad_gbs())
+      .add("best_gemm_gflops", s.machine.best_gemm_gflops())
       .add("torch_version", s.torch_version.empty() ? s.torch_note : s.torch_version)
       .add("torch_jemalloc", s.jemalloc)
       .add("process_floor_bytes_flashgrad", s.floor_flash)
@@ -191,8 +193,9 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
           "`), n = 2048, " + std::to_string(t) + " threads",
       &MachineRates::bf16_gemm_gflops, "GFLOP/s");
   row("f32 GEMM, oneDNN matmul, n = 2048 (for comparison)", &MachineRates::dnnl_f32_gflops, "GFLOP/s");
-  row("STREAM triad (doubles, 3 x 8 bytes per element), " + std::to_string(t) + " threads", &MachineRates::triad_gbs,
-      "GB/s");
+  row("STREAM triad (doubles, 3 x 8 bytes per element, three arrays of " + num(a.triad_array_bytes / 1048576.0, "%.0f") +
+          " MiB; last-level cache " + a.last_level_cache + "), " + std::to_string(t) + " threads",
+      &MachineRates::triad_gbs, "GB/s");
   row("memcpy (read + write), " + std::to_string(t) + " threads", &MachineRates::memcpy_gbs, "GB/s");
   md << "\nThe tile products of one tile step, 1 thread, operands in cache (GFLOP/s, at the start): OpenBLAS sgemm "
         "against flashgrad's own tile product (`bench/tile_ops.hpp`, isa "
@@ -206,22 +209,25 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
 void grid_gemm_section(std::ostringstream& md, const Sweep& s) {
   md << "## flashgrad against GEMM\n\n"
      << "Rates under the FLOP convention (forward 4·B·Hq·Lq·Lk·d, halved when causal; backward 2.5x forward), "
-     << "divided by SGEMM for f32 and by the bf16 GEMM for bf16. B = 1, Hq = Hkv = 8.\n\n"
+     << "divided by SGEMM for f32 and by the bf16 GEMM for bf16 (/ GEMM), and by the fastest matmul measured at "
+        "all, "
+     << num(s.machine.best_gemm_gflops()) << " GFLOP/s (/ best). B = 1, Hq = Hkv = 8.\n\n"
      << "| L | dtype | d | mask | fwd ms | bwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s "
-        "| fwd / GEMM | bwd / GEMM | fwd+bwd / GEMM |\n"
-     << "|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| fwd / GEMM | bwd / GEMM | fwd+bwd / GEMM | fwd+bwd / best |\n"
+     << "|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const GridRow& r : s.grid) {
     md << "| " << r.c.seqlen << " | " << dtype_name(r.c.dtype) << " | " << r.c.head_dim << " | "
        << (r.c.causal ? "causal" : "full") << " | ";
     const Timing& t = r.flash;
     if (!t.present) {
-      md << t.note << " | | | | | | | | |\n";
+      md << t.note << " | | | | | | | | | |\n";
       continue;
     }
     const double g = s.machine.gemm_gflops(r.c.dtype);
     md << ms(t.fwd_ms) << " | " << ms(t.bwd_ms) << " | " << ms(t.fwd_bwd_ms) << " | " << num(fwd_rate(r, t)) << " | "
        << num(bwd_rate(r, t)) << " | " << num(both_rate(r, t)) << " | " << num(fwd_rate(r, t) / g, "%.2f") << " | "
-       << num(bwd_rate(r, t) / g, "%.2f") << " | " << num(both_rate(r, t) / g, "%.2f") << " |\n";
+       << num(bwd_rate(r, t) / g, "%.2f") << " | " << num(both_rate(r, t) / g, "%.2f") << " | "
+       << num(both_rate(r, t) / s.machine.best_gemm_gflops(), "%.2f") << " |\n";
   }
   md << "\n";
 }
@@ -251,7 +257,7 @@ void grid_peer_section(std::ostringstream& md, const Sweep& s) {
         "(`tools/naive_blas.hpp`, f32 only). torch: PyTorch "
      << (s.torch_version.empty() ? s.torch_note : s.torch_version)
      << ", softmax(Q K^T · scale + mask) V and its autograd backward, in the storage dtype"
-     << (s.jemalloc ? ", jemalloc" : "") << ". Peak: each process's maximum resident set, MiB.\n\n"
+     << (s.jemalloc ? ", jemalloc" : "") << ". Peak: each process's peak resident memory (VmHWM), MiB.\n\n"
      << "| L | dtype | d | mask | flashgrad ms | naive ms | speedup vs naive | torch ms | speedup vs torch "
         "| peak flashgrad | peak naive | peak torch |\n"
      << "|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -339,7 +345,8 @@ std::string sweep_markdown(const Sweep& s) {
         "--split`, or `tools/torch_attention.py`): one warm-up forward+backward, then at least 3 runs and "
      << format("%g", s.settings.min_time)
      << " s of them (at most 20), forward and backward timed apart in each run; fwd+bwd is the median of each run's "
-        "sum. Peak memory is the child's ru_maxrss from wait4.\n"
+        "sum. Peak memory is the child's VmHWM, which it reports at its end (its own high-water mark since exec; "
+        "ru_maxrss would also count the forked copy of the sweep's process).\n"
      << "- A peer is skipped at a length where its time (4x the previous length's) would pass the "
      << format("%.0f", s.settings.budget_s) << " s budget, or its memory (extrapolated the same way) "
         "would pass 80% of MemAvailable.\n"

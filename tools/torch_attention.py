@@ -12,9 +12,9 @@ Before timing, the same code runs on a small problem against a float64
 computation of it, so that a wrong mask or scale is caught rather than timed.
 
 Prints one line:
-    fwd_ms=<median> bwd_ms=<median> fwd_bwd_ms=<median of each run's sum> runs=<n> check_err=<e>
-With --floor it only imports torch and prints torch=<version>: the process's
-memory floor.
+    fwd_ms=<median> bwd_ms=<median> fwd_bwd_ms=<median of each run's sum> runs=<n> check_err=<e> vmhwm=<bytes>
+With --floor it only imports torch and prints torch=<version> vmhwm=<bytes>:
+the process's memory floor.
 
 usage: torch_attention.py --seqlen L [--heads H] [--head-dim D] [--dtype f32|bf16]
                           [--causal] [--threads T] [--min-time S] [--floor]
@@ -64,6 +64,18 @@ def check(torch, dtype, causal):
     return worst
 
 
+def vm_hwm_bytes():
+    """This program's peak resident memory (VmHWM: since exec, unlike ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return -1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=0)
@@ -81,7 +93,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     if args.floor:
-        print(f"torch={torch.__version__}")
+        print(f"torch={torch.__version__} vmhwm={vm_hwm_bytes()}")
         return 0
     if args.seqlen < 1:
         ap.error("--seqlen is required")
@@ -121,7 +133,7 @@ def main():
 
     both = [f + b for f, b in zip(fwd, bwd)]
     print(f"fwd_ms={1e3 * median(fwd):.4f} bwd_ms={1e3 * median(bwd):.4f} fwd_bwd_ms={1e3 * median(both):.4f} "
-          f"runs={len(fwd)} check_err={err:.3g}")
+          f"runs={len(fwd)} check_err={err:.3g} vmhwm={vm_hwm_bytes()}")
     return 0
 
 
