@@ -9,6 +9,7 @@
 usage: plot_sweep.py sweep.json OUT_DIR
 """
 import json
+import math
 import os
 import sys
 
@@ -47,6 +48,21 @@ def log_axes(ax, lengths, ylabel):
     ax.grid(True, which="both", alpha=0.3)
 
 
+def log_y(ax, base):
+    """A log y axis with plain-number ticks at powers of base."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    k = math.floor(math.log(lo, base))
+    ticks = []
+    while base ** k <= hi * 1.0001:
+        if base ** k >= lo * 0.9999:
+            ticks.append(base ** k)
+        k += 1
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(lo, hi)
+
+
 def title(sweep):
     shape = sweep["shape"]
     machine = sweep["machine"]
@@ -55,7 +71,7 @@ def title(sweep):
             f"load {sweep['load_average_start']}{quick}; {machine['cpu']}")
 
 
-def panels(sweep, value, ylabel, name, out_dir, logy=True):
+def panels(sweep, value, ylabel, name, out_dir, base):
     grid = sweep["grid"]
     pairs = shapes(grid)
     lengths = sorted({r["seqlen"] for r in grid})
@@ -69,8 +85,8 @@ def panels(sweep, value, ylabel, name, out_dir, logy=True):
                 if xs:
                     ax.plot(xs, ys, style, color=color, marker=marker, label=f"{impl} ({mask})")
         log_axes(ax, lengths, ylabel)
-        if logy:
-            ax.set_yscale("log")
+        ax.set_yscale("log")
+        log_y(ax, base)
         ax.set_title(f"{dtype}, d = {head_dim}")
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(pairs):]:
@@ -87,7 +103,7 @@ def ratio_plot(sweep, out_dir):
     grid = sweep["grid"]
     lengths = sorted({r["seqlen"] for r in grid})
     passes = (("fwd", "forward"), ("bwd", "backward"), ("fwd_bwd", "forward+backward"))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.4), sharey=True)
     colors = {}
     for ax, (key, label) in zip(axes, passes):
         for dtype, head_dim in shapes(grid):
@@ -104,15 +120,17 @@ def ratio_plot(sweep, out_dir):
                 ax.plot(xs, ys, style, color="gray", marker=".", label=f"{impl} f32 d=64 full")
         ax.axhline(1.0, color="black", linewidth=0.8)
         log_axes(ax, lengths, "rate / GEMM rate" if key == "fwd" else "")
-        ax.set_ylim(bottom=0)
         ax.set_title(label)
-    axes[0].legend(fontsize=7, loc="lower right")
+    top = max(max(line.get_ydata(), default=0) for ax in axes for line in ax.get_lines())
+    axes[0].set_ylim(0, 1.08 * max(top, 1.0))  # the axes share y
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
     sgemm = sweep.get("sgemm_gflops_used")
     bf16 = sweep.get("bf16_gemm_gflops_used")
     bf16_text = f"{bf16:.0f}" if isinstance(bf16, (int, float)) else "n/a"
     fig.suptitle(f"flashgrad's GFLOP/s over GEMM's (SGEMM {sgemm:.0f} GFLOP/s for f32, bf16 GEMM {bf16_text} "
                  f"for bf16), same run\n" + title(sweep), fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     path = os.path.join(out_dir, "sweep_ratio.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -123,9 +141,10 @@ def main(json_path, out_dir):
     with open(json_path) as f:
         sweep = json.load(f)
     written = [
-        panels(sweep, lambda r, t: t["fwd_bwd_ms"] / 1e3, "forward+backward time (s)", "sweep_time.png", out_dir),
+        panels(sweep, lambda r, t: t["fwd_bwd_ms"] / 1e3, "forward+backward time (s)", "sweep_time.png", out_dir,
+               10),
         panels(sweep, lambda r, t: t["peak_bytes"] / 2**20, "peak resident memory (MiB)", "sweep_memory.png",
-               out_dir),
+               out_dir, 4),
         ratio_plot(sweep, out_dir),
     ]
     for path in written:
