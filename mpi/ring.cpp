@@ -82,6 +82,8 @@ const char* sig_name(int i) {
   return names[i];
 }
 
+constexpr int kTagKv = 17, kTagAcc = 18;
+
 class Ring {
  public:
   Ring(const char* fn, const Options& opts, const RingOptions& ring, const TensorView& q, const TensorView& k,
@@ -325,6 +327,14 @@ class Ring {
     if (done) reqs.clear();
   }
 
+  // Before a step's compute: the block in use goes to the next rank while the
+  // next step's block arrives from the previous one (none after the last step).
+  void pass_kv(int step, std::vector<unsigned char>* kv, int cur, std::vector<MPI_Request>& reqs) {
+    if (step + 1 >= L_.world) return;
+    irecv(kv[1 - cur].data(), kv_bytes(), prev(), kTagKv, reqs);
+    isend(kv[cur].data(), kv_bytes(), next(), kTagKv, reqs);
+  }
+
   int next() const { return (L_.rank + 1) % L_.world; }
   int prev() const { return (L_.rank + L_.world - 1) % L_.world; }
   DType acc_dtype() const { return q_.dtype == DType::f64 ? DType::f64 : DType::f32; }
@@ -340,8 +350,6 @@ class Ring {
   std::vector<int64_t> meta_;
   RingStats* stats_ = nullptr;
 };
-
-constexpr int kTagKv = 17, kTagAcc = 18;
 
 }  // namespace
 
@@ -378,10 +386,7 @@ void ring_forward(const Options& opts, const RingOptions& ring, const TensorView
   std::vector<MPI_Request> reqs;
   for (int step = 0; step < W; ++step) {
     const int src = (R.L_.rank - step + W) % W;
-    if (step + 1 < W) {
-      R.irecv(kv[1 - cur].data(), R.kv_bytes(), R.prev(), kTagKv, reqs);
-      R.isend(kv[cur].data(), R.kv_bytes(), R.next(), kTagKv, reqs);
-    }
+    R.pass_kv(step, kv, cur, reqs);
     const auto t0 = Clock::now();
     R.guarded([&] {
       const TensorView kb = R.block_k(kv[cur], src), vb = R.block_v(kv[cur], src);
@@ -463,10 +468,7 @@ void ring_backward(const Options& opts, const RingOptions& ring, const TensorVie
   std::vector<MPI_Request> kv_reqs, acc_recv, acc_send;
   for (int step = 0; step < W; ++step) {
     const int src = (R.L_.rank - step + W) % W;
-    if (step + 1 < W) {
-      R.irecv(kv[1 - cur].data(), R.kv_bytes(), R.prev(), kTagKv, kv_reqs);
-      R.isend(kv[cur].data(), R.kv_bytes(), R.next(), kTagKv, kv_reqs);
-    }
+    R.pass_kv(step, kv, cur, kv_reqs);
     const auto t0 = Clock::now();
     R.guarded([&] {
       dkv[0].fill(0);

@@ -219,21 +219,28 @@ def backward(q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, dsinks=None,
     q, k, v, out, lse, dout = (_arr(x) for x in (q, k, v, out, lse, dout))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     _, _, qdt, acc = _shapes(fn, q, v, varlen)
-    dq = _empty(q, _describe(q)[0], qdt, fn, "dq") if dq is None else _arr(dq)
-    dk = _empty(q, _describe(k)[0], qdt, fn, "dk") if dk is None else _arr(dk)
-    dv = _empty(q, _describe(v)[0], qdt, fn, "dv") if dv is None else _arr(dv)
-    if dsinks is None and sinks is not None:
+    g = _grad_outputs(fn, opts, q, k, v, qdt, acc, Grads(dq, dk, dv, dsinks, dbias), return_dbias)
+    _ext.backward(opts, q, k, v, out, lse, dout, *g)
+    return g
+
+
+def _grad_outputs(fn: str, opts: dict, q, k, v, qdt: str, acc: str, given: "Grads", return_dbias: bool) -> "Grads":
+    """The gradients' arrays: those given, else new ones like q, k, v (dsinks with sinks, dbias on request)."""
+    dq = _empty(q, _describe(q)[0], qdt, fn, "dq") if given.dq is None else _arr(given.dq)
+    dk = _empty(q, _describe(k)[0], qdt, fn, "dk") if given.dk is None else _arr(given.dk)
+    dv = _empty(q, _describe(v)[0], qdt, fn, "dv") if given.dv is None else _arr(given.dv)
+    dsinks, dbias = given.dsinks, given.dbias
+    if dsinks is None and opts["sinks"] is not None:
         dsinks = _empty(q, _describe(opts["sinks"])[0], acc, fn, "dsinks")
     elif dsinks is not None:
         dsinks = _arr(dsinks)
     if dbias is None and return_dbias:
-        if bias is None:
+        if opts["bias"] is None:
             raise ValueError(f"flashgrad.{fn}: argument 'return_dbias': expected a bias when dbias is "
                              "requested, got bias=None")
         dbias = _empty(q, _describe(opts["bias"])[0], acc, fn, "dbias")
     elif dbias is not None:
         dbias = _arr(dbias)
-    _ext.backward(opts, q, k, v, out, lse, dout, dq, dk, dv, dsinks, dbias)
     return Grads(dq, dk, dv, dsinks, dbias)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Tuple
 
 from . import _core
-from ._core import Grads, _arr, _describe, _empty, _options, _shapes
+from ._core import Grads, _arr, _empty, _grad_outputs, _options, _shapes
 
 _ext = _core._ext
 
@@ -105,19 +105,9 @@ def ring_backward(q, k, v, out, lse, dout, comm, *, sharding: str = "zigzag", dq
                     None, None, dropout_p, seed, offset, num_threads)
     q, k, v, out, lse, dout = (_arr(x) for x in (q, k, v, out, lse, dout))
     _, _, qdt, acc = _shapes(fn, q, v, False)
-    dq = _empty(q, _describe(q)[0], qdt, fn, "dq") if dq is None else _arr(dq)
-    dk = _empty(q, _describe(k)[0], qdt, fn, "dk") if dk is None else _arr(dk)
-    dv = _empty(q, _describe(v)[0], qdt, fn, "dv") if dv is None else _arr(dv)
-    if dsinks is None and sinks is not None:
-        dsinks = _empty(q, _describe(opts["sinks"])[0], acc, fn, "dsinks")
-    if dbias is None and return_dbias:
-        if bias is None:
-            raise ValueError(f"flashgrad.{fn}: argument 'return_dbias': expected a bias when dbias is "
-                             "requested, got bias=None")
-        dbias = _empty(q, _describe(opts["bias"])[0], acc, fn, "dbias")
-    _ext.ring_backward(opts, comm, sharding, q, k, v, out, lse, dout, dq, dk, dv,
-                       None if dsinks is None else _arr(dsinks), None if dbias is None else _arr(dbias))
-    return Grads(dq, dk, dv, dsinks, dbias)
+    g = _grad_outputs(fn, opts, q, k, v, qdt, acc, Grads(dq, dk, dv, dsinks, dbias), return_dbias)
+    _ext.ring_backward(opts, comm, sharding, q, k, v, out, lse, dout, *g)
+    return g
 
 
 def _ring_function():

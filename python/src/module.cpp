@@ -247,22 +247,24 @@ py::tuple describe(py::handle obj) {
   return py::make_tuple(shape, strides, flashgrad::dtype_name(v.dtype));
 }
 
-void forward(const py::dict& opts, py::handle q, py::handle k, py::handle v, py::handle out,
-             py::handle lse) {
+// Converts a forward call's arguments, then runs call(options, q, k, v, out, lse) without the GIL.
+template <typename Call>
+void forward_call(const std::string& fn, const py::dict& opts, py::handle q, py::handle k, py::handle v,
+                  py::handle out, py::handle lse, Call&& call) {
   Holder h;
-  const std::string fn = "forward";
   const flashgrad::Options o = options(fn, opts, h);
   const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
                    tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, true, h),
                    tlse = to_view(fn, "lse", lse, true, h);
-  run([&] { flashgrad::forward(o, tq, tk, tv, tout, tlse); });
+  run([&] { call(o, tq, tk, tv, tout, tlse); });
 }
 
-void backward(const py::dict& opts, py::handle q, py::handle k, py::handle v, py::handle out,
-              py::handle lse, py::handle dout, py::handle dq, py::handle dk, py::handle dv,
-              py::handle dsinks, py::handle dbias) {
+// Likewise for a backward call: call(options, q, k, v, out, lse, dout, grads).
+template <typename Call>
+void backward_call(const std::string& fn, const py::dict& opts, py::handle q, py::handle k, py::handle v,
+                   py::handle out, py::handle lse, py::handle dout, py::handle dq, py::handle dk, py::handle dv,
+                   py::handle dsinks, py::handle dbias, Call&& call) {
   Holder h;
-  const std::string fn = "backward";
   const flashgrad::Options o = options(fn, opts, h);
   const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
                    tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, false, h),
@@ -270,7 +272,19 @@ void backward(const py::dict& opts, py::handle q, py::handle k, py::handle v, py
   flashgrad::Grads g{to_view(fn, "dq", dq, true, h), to_view(fn, "dk", dk, true, h),
                      to_view(fn, "dv", dv, true, h), opt_view(fn, "dsinks", dsinks, true, h),
                      opt_view(fn, "dbias", dbias, true, h)};
-  run([&] { flashgrad::backward(o, tq, tk, tv, tout, tlse, tdout, g); });
+  run([&] { call(o, tq, tk, tv, tout, tlse, tdout, g); });
+}
+
+void forward(const py::dict& opts, py::handle q, py::handle k, py::handle v, py::handle out,
+             py::handle lse) {
+  forward_call("forward", opts, q, k, v, out, lse, [](auto&&... a) { flashgrad::forward(a...); });
+}
+
+void backward(const py::dict& opts, py::handle q, py::handle k, py::handle v, py::handle out,
+              py::handle lse, py::handle dout, py::handle dq, py::handle dk, py::handle dv,
+              py::handle dsinks, py::handle dbias) {
+  backward_call("backward", opts, q, k, v, out, lse, dout, dq, dk, dv, dsinks, dbias,
+                [](auto&&... a) { flashgrad::backward(a...); });
 }
 
 int64_t workspace_bytes(bool is_forward, const py::dict& opts, py::handle q, py::handle k, py::handle v) {
@@ -320,30 +334,17 @@ flashgrad::RingOptions ring_options(const std::string& fn, py::handle comm, cons
 
 void ring_forward(const py::dict& opts, py::handle comm, const std::string& sharding, py::handle q,
                   py::handle k, py::handle v, py::handle out, py::handle lse) {
-  Holder h;
-  const std::string fn = "ring_forward";
-  const flashgrad::Options o = options(fn, opts, h);
-  const flashgrad::RingOptions r = ring_options(fn, comm, sharding);
-  const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
-                   tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, true, h),
-                   tlse = to_view(fn, "lse", lse, true, h);
-  run([&] { flashgrad::ring_forward(o, r, tq, tk, tv, tout, tlse); });
+  const flashgrad::RingOptions r = ring_options("ring_forward", comm, sharding);
+  forward_call("ring_forward", opts, q, k, v, out, lse,
+               [&](const flashgrad::Options& o, auto&&... a) { flashgrad::ring_forward(o, r, a...); });
 }
 
 void ring_backward(const py::dict& opts, py::handle comm, const std::string& sharding, py::handle q,
                    py::handle k, py::handle v, py::handle out, py::handle lse, py::handle dout, py::handle dq,
                    py::handle dk, py::handle dv, py::handle dsinks, py::handle dbias) {
-  Holder h;
-  const std::string fn = "ring_backward";
-  const flashgrad::Options o = options(fn, opts, h);
-  const flashgrad::RingOptions r = ring_options(fn, comm, sharding);
-  const TensorView tq = to_view(fn, "q", q, false, h), tk = to_view(fn, "k", k, false, h),
-                   tv = to_view(fn, "v", v, false, h), tout = to_view(fn, "out", out, false, h),
-                   tlse = to_view(fn, "lse", lse, false, h), tdout = to_view(fn, "dout", dout, false, h);
-  flashgrad::Grads g{to_view(fn, "dq", dq, true, h), to_view(fn, "dk", dk, true, h),
-                     to_view(fn, "dv", dv, true, h), opt_view(fn, "dsinks", dsinks, true, h),
-                     opt_view(fn, "dbias", dbias, true, h)};
-  run([&] { flashgrad::ring_backward(o, r, tq, tk, tv, tout, tlse, tdout, g); });
+  const flashgrad::RingOptions r = ring_options("ring_backward", comm, sharding);
+  backward_call("ring_backward", opts, q, k, v, out, lse, dout, dq, dk, dv, dsinks, dbias,
+                [&](const flashgrad::Options& o, auto&&... a) { flashgrad::ring_backward(o, r, a...); });
 }
 
 std::vector<std::pair<int64_t, int64_t>> shard_rows(const std::string& sharding, int64_t seqlen, int rank,
