@@ -49,8 +49,8 @@ struct AccTiles {
     for (int64_t x = 0; x < n * ld; ++x) dst[x] *= scale;
   }
   // A tile of at most this many rows (decode) takes S as one dot product per
-  // (row, key) from K's rows and skips transposing each K tile, which so few
-  // rows cannot amortize (decode, Lk = 128k, 8 heads, d = 128, f32, 2
+  // (row, key) from K's rows: transposing each K tile cost more than the
+  // product itself at one row (decode, Lk = 128k, 8 heads, d = 128, f32, 2
   // threads: 61-63 ms against 64-67 ms, four alternating runs).
   static constexpr int64_t kDotRows = 4;
   // K^T [dqk_pad, bk_pad] (K [bk, dqk_pad] for kDotRows rows or fewer) into kt, V [nj, dv_pad] into v.
