@@ -48,28 +48,14 @@ struct AccTiles {
     load_tile<T>(q, b, seq0, h, n, d, ld, dst);
     for (int64_t x = 0; x < n * ld; ++x) dst[x] *= scale;
   }
-  // A tile of at most this many rows (decode) takes S as one dot product per
-  // (row, key) from K's rows: transposing each K tile cost more than the
-  // product itself at one row (decode, Lk = 128k, 8 heads, d = 128, f32, 2
-  // threads: 61-63 ms against 64-67 ms, four alternating runs).
-  static constexpr int64_t kDotRows = 4;
-  // K^T [dqk_pad, bk_pad] (K [bk, dqk_pad] for kDotRows rows or fewer) into kt, V [nj, dv_pad] into v.
-  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t mq, int64_t b, int64_t seq0, int64_t hk,
-                      int64_t nj, Acc* kt, Acc* v, Acc* stage) {
-    if (mq <= kDotRows)
-      load_tile<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kt);
-    else
-      load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, kt, stage);
+  // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v.
+  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                      Acc* kt, Acc* v, Acc* stage) {
+    load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, kt, stage);
     load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
   }
-  // s [mq, bk_pad] = scale * q k^T (the scale is already in q), keys past nj left to the caller.
-  static void qk(const TilePlan& plan, int64_t mq, int64_t nj, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
-    if (mq <= kDotRows) {
-      for (int64_t r = 0; r < mq; ++r)
-        for (int64_t j = 0; j < nj; ++j)
-          s[r * plan.bk_pad + j] = dot_row(q + r * plan.dqk_pad, kt + j * plan.dqk_pad, plan.dqk_pad);
-      return;
-    }
+  // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
+  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
     gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad);
   }
   // pv [mq, dv_pad] = P v over the tile's nj keys, P in s.
@@ -109,8 +95,8 @@ struct Bf16DotTiles {
                      float, float* dst) {
     for (int64_t r = 0; r < n; ++r) load_pairs(q, b, seq0 + r, h, d, ld, reinterpret_cast<uint32_t*>(dst + r * ld));
   }
-  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t, int64_t b, int64_t seq0, int64_t hk,
-                      int64_t nj, float* kt, float* v, float* stage) {
+  static void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                      float* kt, float* v, float* stage) {
     const int64_t dp = plan.dqk_pad / 2, lds = plan.bk_pad, ldv = plan.dv_pad;
     // K rows as pairs, staged [bk_pad, dp], then transposed in 16 x 16 word blocks.
     auto* st = reinterpret_cast<uint32_t*>(stage);
@@ -135,7 +121,7 @@ struct Bf16DotTiles {
       }
     }
   }
-  static void qk(const TilePlan& plan, int64_t mq, int64_t, int64_t d, const float* q, const float* kt, float scale,
+  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
                  float* s) {
     gemm_bf16(mq, plan.bk_pad, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
               reinterpret_cast<const uint32_t*>(kt), plan.bk_pad, s, plan.bk_pad, scale);
@@ -253,8 +239,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * mq, *lx = l + x * mq, *ax = alpha + x * mq;
-      Tiles::load_kv(p, plan, mq, b, k0 + j0, hk, nj, kt, v, stage);
-      Tiles::qk(plan, mq, nj, d, qx, kt, scale, s);
+      Tiles::load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
+      Tiles::qk(plan, mq, d, qx, kt, scale, s);
       for (int64_t r = 0; r < mq; ++r) {
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
         const int64_t i = i0 + r % mqh;

@@ -49,19 +49,6 @@ inline void grad_row(float* s, float* dp, int64_t n, float lse, float delta) {
   }
 }
 
-// sum_c a[c] * b[c] over n elements (n a multiple of kLanes for f32).
-template <typename Acc>
-inline Acc dot_row(const Acc* a, const Acc* b, int64_t n) {
-  Acc s = 0;
-  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
-}
-inline float dot_row(const float* a, const float* b, int64_t n) {
-  VecF acc = vzero();
-  for (int64_t c = 0; c < n; c += kLanes) acc = vfma(vload(a + c), vload(b + c), acc);
-  return vreduce_add(acc);
-}
-
 // x[j] *= keep[j] / (1 - p): dropout applied to a row already computed.
 template <typename Acc>
 inline void keep_row(const uint8_t* keep, int64_t n, Acc inv_keep, Acc* x) {
