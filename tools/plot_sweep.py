@@ -67,8 +67,10 @@ def title(sweep):
     shape = sweep["shape"]
     machine = sweep["machine"]
     quick = ", --quick" if sweep["quick"] else ""
-    return (f"B={shape['batch']} H={shape['heads_q']}, {sweep['threads']} threads, {sweep['isa']}, "
-            f"load {sweep['load_average_start']}{quick}; {machine['cpu']}")
+    others = [p["others"] for p in sweep.get("cpu_used_by_others", []) if p["part"] == "whole run"]
+    busy = f", other processes {100 * others[0]:.0f}% of the CPUs" if others else ""
+    return (f"B={shape['batch']} H={shape['heads_q']}, {sweep['threads']} threads, {sweep['isa']}{busy}{quick}; "
+            f"{machine['cpu']}, source {sweep.get('source', '?')}")
 
 
 def panels(sweep, value, ylabel, name, out_dir, base):

@@ -3,6 +3,9 @@
 // process so that its ru_maxrss is that measurement's peak memory.
 #include "sweep.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +56,38 @@ std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a.empty() ? "unknown" : a + " " + b + " " + c;
+}
+
+CpuSample CpuSample::now() {
+  CpuSample x;
+  x.wall = now_seconds();
+  std::ifstream in("/proc/stat");
+  std::string label;
+  // user nice system idle iowait irq softirq steal (guest time is already in user)
+  long long v[8] = {};
+  in >> label;
+  for (long long& f : v) in >> f;
+  const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  x.busy = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6]) * tick;
+  x.steal = static_cast<double>(v[7]) * tick;
+  for (const int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {  // children: those already waited for
+    struct rusage ru {};
+    getrusage(who, &ru);
+    x.own += static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+             1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  }
+  return x;
+}
+
+CpuShare CpuSample::since(const CpuSample& start, const std::string& what) const {
+  CpuShare c;
+  c.what = what;
+  c.seconds = wall - start.wall;
+  const double capacity = c.seconds * static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  if (capacity <= 0) return c;
+  c.others = std::max(0.0, (busy - start.busy) - (own - start.own)) / capacity;
+  c.steal = (steal - start.steal) / capacity;
+  return c;
 }
 
 std::string tool_file(const char* name) {
@@ -329,7 +364,7 @@ void run_grid(Sweep& s) {
   Grid g{s, {}};
   for (int64_t seqlen = s.settings.min_seqlen; seqlen <= s.settings.max_seqlen; seqlen *= 2) {
     const size_t first = s.grid.size();
-    s.load_at_length.emplace_back(seqlen, load_average());
+    const CpuSample length_start = CpuSample::now();
     for (const Config& c : configs_at(s.settings, seqlen)) {
       GridRow r;
       r.c = c;
@@ -369,6 +404,9 @@ void run_grid(Sweep& s) {
       }
       print_row(s, r, "torch", r.torch);
     }
+    s.cpu.push_back(CpuSample::now().since(length_start, "grid L=" + std::to_string(seqlen)));
+    std::printf("  -- other processes used %.0f%% of the CPUs during L=%lld (steal %.0f%%)\n",
+                100 * s.cpu.back().others, static_cast<long long>(seqlen), 100 * s.cpu.back().steal);
   }
 }
 
@@ -413,18 +451,26 @@ int run_sweep(Args& args) {
   else
     std::printf("PyTorch %s\n", s.torch_note.c_str());
 
+  const CpuSample run_start = CpuSample::now();
   std::printf("\n(machine) the rates flashgrad is divided by\n");
   s.machine.start = measure_machine(s);
+  s.cpu.push_back(CpuSample::now().since(run_start, "machine rates at the start"));
   s.floor_flash = child_peak(run_child({s.exe, "measure", "--impl", "none", "--seqlen", "1"}));
+  const CpuSample extras_start = CpuSample::now();
   run_extras(s);
+  s.cpu.push_back(CpuSample::now().since(extras_start, "short queries, overhead, threads"));
   run_grid(s);
   if (!s.settings.quick) {
     std::printf("\n(machine) again, at the end; the higher of each pair of rates is used\n");
+    const CpuSample end_start = CpuSample::now();
     s.machine.end = measure_machine(s);
+    s.cpu.push_back(CpuSample::now().since(end_start, "machine rates at the end"));
   }
+  s.cpu.push_back(CpuSample::now().since(run_start, "whole run"));
   s.load_end = load_average();
   s.seconds = elapsed(s);
-  std::printf("\n  load average %s at the end; the sweep took %.0f s\n", s.load_end.c_str(), s.seconds);
+  std::printf("\n  other processes used %.0f%% of the CPUs over the run (steal %.0f%%); the sweep took %.0f s\n",
+              100 * s.cpu.back().others, 100 * s.cpu.back().steal, s.seconds);
   write_reports(s);
   if (s.check_failed) {
     std::printf("sweep: a configuration failed its check against the fp64 reference (see above)\n");

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
@@ -137,14 +136,31 @@ struct Check {
   double worst_fraction = 0;
 };
 
+// What the machine's CPUs did over an interval of the sweep: the share of all
+// CPU time that other processes used, and the share the hypervisor stole.
+// (The load average cannot tell: the sweep's own threads count in it.)
+struct CpuShare {
+  std::string what;   // "machine rates", "extras", "grid L=4096", "whole run"
+  double seconds = 0;
+  double others = 0;  // (busy CPU time - this process and its children's) / (seconds * CPUs)
+  double steal = 0;   // steal time / (seconds * CPUs)
+};
+
+// A point in time for CpuShare.
+struct CpuSample {
+  double wall = 0, busy = 0, steal = 0, own = 0;  // seconds
+  static CpuSample now();
+  CpuShare since(const CpuSample& start, const std::string& what) const;
+};
+
 struct Sweep {
   Settings settings;
   std::string exe;
   double start = 0, seconds = 0;
   std::string started_utc;
   std::string source;  // `git describe --always --dirty` of the source tree, when git can tell
-  std::string load_start, load_end;  // /proc/loadavg
-  std::vector<std::pair<int64_t, std::string>> load_at_length;  // as each grid length began
+  std::string load_start, load_end;  // /proc/loadavg (from the start on, it counts the sweep's own threads)
+  std::vector<CpuShare> cpu;         // other processes' share of the CPUs, per part and for the whole run
   std::string blas_core, blas_core_origin;
   Machine machine;
   std::string torch_version;  // empty: PyTorch is not used

@@ -146,10 +146,12 @@ std::string sweep_json(const Sweep& s) {
       .add("seconds", s.seconds)
       .add("load_average_start", s.load_start)
       .add("load_average_end", s.load_end)
-      .add_raw("load_average_at_length", [&] {
-        Json j;
-        for (const auto& [seqlen, load] : s.load_at_length) j.add(std::to_string(seqlen), load);
-        return j.str();
+      .add_raw("cpu_used_by_others", [&] {
+        std::vector<std::string> parts;
+        for (const CpuShare& c : s.cpu)
+          parts.push_back(
+              Json().add("part", c.what).add("seconds", c.seconds).add("others", c.others).add("steal", c.steal).str());
+        return Json::array(parts);
       }())
       .add_raw("shape", Json().add("batch", kBatch).add("heads_q", kHeads).add("heads_kv", kHeads).str())
       .add("flop_convention", "forward 4*B*Hq*Lq*Lk*d, halved when causal; backward 2.5x forward")
@@ -172,8 +174,6 @@ std::string sweep_json(const Sweep& s) {
 }
 
 // --- markdown --------------------------------------------------------------------------------
-
-double load_1min(const std::string& load) { return std::atof(load.c_str()); }
 
 void machine_section(std::ostringstream& md, const Sweep& s) {
   const Machine& m = s.machine;
@@ -314,21 +314,18 @@ void extras_section(std::ostringstream& md, const Sweep& s) {
 
 std::string sweep_markdown(const Sweep& s) {
   std::ostringstream md;
-  const double load = load_1min(s.load_start);
+  const double others = s.cpu.empty() ? 0 : s.cpu.back().others;
   md << "# flashgrad benchmark sweep\n\n"
      << "flashgrad " << version() << " (source " << s.source << "), isa " << isa_name() << ", " << threads_of(s)
-     << " threads"
-     << (s.settings.quick ? ", **--quick** (a small subset)" : "") << "; started " << s.started_utc << ", took "
-     << format("%.0f", s.seconds) << " s. Load average (1, 5, 15 min): " << s.load_start << " at the start, "
-     << s.load_end << " at the end"
-     << (load > 0.5 ? " — other jobs were running, so times are inflated and ratios rough." : ".");
-  if (!s.load_at_length.empty()) {
-    md << " As each length of the grid began:";
-    for (size_t i = 0; i < s.load_at_length.size(); ++i)
-      md << (i ? ";" : "") << " L = " << s.load_at_length[i].first << ": " << s.load_at_length[i].second;
-    md << ".";
-  }
-  md << "\n\n"
+     << " threads" << (s.settings.quick ? ", **--quick** (a small subset)" : "") << "; started " << s.started_utc
+     << ", took " << format("%.0f", s.seconds) << " s. Load average before it began: " << s.load_start << ".\n\n"
+     << "Other processes used " << format("%.0f%%", 100 * others) << " of the CPUs' time over the run"
+     << (others > 0.05 ? " — other jobs were running, so some times are inflated and ratios rough" : "")
+     << " (busy time in /proc/stat less this process's and its children's; the hypervisor stole "
+     << format("%.0f%%", s.cpu.empty() ? 0.0 : 100 * s.cpu.back().steal) << "). By part:";
+  for (size_t i = 0; i < s.cpu.size(); ++i)
+    md << (i ? ";" : "") << " " << s.cpu[i].what << " " << format("%.0f%%", 100 * s.cpu[i].others);
+  md << ".\n\n"
      << "Reproduce: `bash scripts/bench.sh` (builds, then runs `build/tools/flashgrad bench --sweep`).\n\n";
   size_t failed = 0;
   for (const Check& c : s.checks) failed += c.passed ? 0 : 1;
