@@ -90,11 +90,12 @@ const std::map<std::string, const char*> kUsage = {
      "  runs) and adds fwd_ms, bwd_ms and fwd_bwd_ms. --impl none only allocates\n"
      "  the tensors, for the memory floor.\n"},
     {"roofline",
-     "usage: flashgrad roofline [--threads T] [--quick] [--json]\n"
+     "usage: flashgrad roofline [--threads T] [--quick] [--json] [--probe]\n"
      "  The rates the sweep divides flashgrad's by: OpenBLAS SGEMM (n=2048, T threads\n"
      "  and 1), oneDNN bf16 GEMM (n=2048; n/a without oneDNN), the tile products'\n"
      "  shapes with OpenBLAS and with flashgrad's tile product (1 thread), STREAM\n"
-     "  triad and memcpy bandwidth (T threads). Medians after a warm-up call.\n"},
+     "  triad and memcpy bandwidth (T threads). Medians after a warm-up call.\n"
+     "  --probe: SGEMM alone, median of 3, as one JSON object (the sweep's drift probe).\n"},
 };
 
 std::vector<std::string> isa_names() {

@@ -353,11 +353,16 @@ int run_roofline(Args& args) {
   s.threads = static_cast<int>(args.integer("--threads", max_threads(), 1, 4096));
   s.quick = args.has("--quick");
   s.json = args.has("--json");
+  const bool probe = args.has("--probe");
   args.finish();
   s.repeats = s.quick ? 3 : 7;
   const auto [core, core_origin] = choose_openblas_core();
   restart_with_core(core);
 
+  if (probe) {  // SGEMM alone, briefly: how fast the machine is right now
+    std::printf("{\"sgemm_gflops\": %.6g}\n", sgemm_gflops(s.gemm_n, s.threads, 3));
+    return 0;
+  }
   Rates r;
 #if FLASHGRAD_HAVE_DNNL
   r.bf16 = dnnl_gflops(dnnl::memory::data_type::bf16, s.gemm_n, s.threads, s.repeats, &r.dnnl_impl_bf16);

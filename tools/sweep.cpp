@@ -365,6 +365,12 @@ void run_grid(Sweep& s) {
   for (int64_t seqlen = s.settings.min_seqlen; seqlen <= s.settings.max_seqlen; seqlen *= 2) {
     const size_t first = s.grid.size();
     const CpuSample length_start = CpuSample::now();
+    if (!s.settings.quick) {
+      const ChildResult probe = run_child({s.exe, "roofline", "--probe", "--threads", std::to_string(threads_of(s))});
+      s.sgemm_probe.emplace_back(seqlen, json_number(probe.output, "sgemm_gflops"));
+      std::printf("  -- SGEMM probe before L=%lld: %.1f GFLOP/s\n", static_cast<long long>(seqlen),
+                  s.sgemm_probe.back().second);
+    }
     for (const Config& c : configs_at(s.settings, seqlen)) {
       GridRow r;
       r.c = c;

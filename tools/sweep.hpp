@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
@@ -161,6 +162,9 @@ struct Sweep {
   std::string source;  // `git describe --always --dirty` of the source tree, when git can tell
   std::string load_start, load_end;  // /proc/loadavg (from the start on, it counts the sweep's own threads)
   std::vector<CpuShare> cpu;         // other processes' share of the CPUs, per part and for the whole run
+  // SGEMM GFLOP/s just before each grid length: the machine's speed drifts
+  // (other virtual machines on the host) without any process here to show it.
+  std::vector<std::pair<int64_t, double>> sgemm_probe;
   std::string blas_core, blas_core_origin;
   Machine machine;
   std::string torch_version;  // empty: PyTorch is not used

@@ -146,6 +146,11 @@ std::string sweep_json(const Sweep& s) {
       .add("seconds", s.seconds)
       .add("load_average_start", s.load_start)
       .add("load_average_end", s.load_end)
+      .add_raw("sgemm_probe_gflops_at_length", [&] {
+        Json j;
+        for (const auto& [seqlen, rate] : s.sgemm_probe) j.add(std::to_string(seqlen), rate);
+        return j.str();
+      }())
       .add_raw("cpu_used_by_others", [&] {
         std::vector<std::string> parts;
         for (const CpuShare& c : s.cpu)
@@ -325,7 +330,15 @@ std::string sweep_markdown(const Sweep& s) {
      << format("%.0f%%", s.cpu.empty() ? 0.0 : 100 * s.cpu.back().steal) << "). By part:";
   for (size_t i = 0; i < s.cpu.size(); ++i)
     md << (i ? ";" : "") << " " << s.cpu[i].what << " " << format("%.0f%%", 100 * s.cpu[i].others);
-  md << ".\n\n"
+  md << ".";
+  if (!s.sgemm_probe.empty()) {
+    md << " The machine's speed drifts with what other virtual machines on the host do, which no process here "
+          "shows; SGEMM (n = 2048, median of 3) just before each length of the grid, GFLOP/s:";
+    for (size_t i = 0; i < s.sgemm_probe.size(); ++i)
+      md << (i ? ";" : "") << " L = " << s.sgemm_probe[i].first << ": " << num(s.sgemm_probe[i].second, "%.0f");
+    md << ".";
+  }
+  md << "\n\n"
      << "Reproduce: `bash scripts/bench.sh` (builds, then runs `build/tools/flashgrad bench --sweep`).\n\n";
   size_t failed = 0;
   for (const Check& c : s.checks) failed += c.passed ? 0 : 1;
