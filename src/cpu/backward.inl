@@ -150,6 +150,13 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb);
+      // The next query block's rows (or the next head's first) into L2 while this one computes.
+      const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
+      if (hn < (hk + 1) * group) {
+        const int64_t mn = std::min(plan.block_q, p.len_q(b) - in), qn = p.q_start(b) + in;
+        prefetch_rows<T>(p.q, b, qn, hn, mn, p.head_dim);
+        prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
+      }
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
       gemm_nn(nj, ldv, qb.mq, s, 1, plan.bk_pad, qb.dout, ldv, tmp, ldv);  // dV += P^T dO
       scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);

@@ -22,17 +22,56 @@ void load_tile(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, 
     load_row(base + row_offset(o, b, seq0 + r, h), o.dim_stride, dim, pad, dst + r * pad);
 }
 
+// Asks for one cache line in L2. Inline asm because GCC 12 deletes a loop
+// whose body is only __builtin_prefetch (the loop has no side effect to it).
+inline void prefetch_l2(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  asm volatile("prfm pldl2keep, %0" : : "Q"(*p));
+#else
+  (void)p;
+#endif
+}
+
+// Rows [seq0, seq0 + n) of head h of o (dim elements each) into L2, one tile
+// ahead of their load_tile. In [batch, seq, heads, dim] layouts each row of a
+// head starts a new 4 KiB page at d = 128, where the hardware prefetchers
+// stop, so without this the copies waited on L3.
+template <typename T>
+void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim) {
+  if (o.dim_stride != 1) return;
+  const char* base = reinterpret_cast<const char*>(static_cast<const T*>(o.data));
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < n; ++r) {
+    const char* row = base + row_offset(o, b, seq0 + r, h) * static_cast<int64_t>(sizeof(T));
+    for (int64_t x = 0; x < bytes; x += 64) prefetch_l2(row + x);
+  }
+}
+
 // Loads the same rows transposed: dst[c * ld + r] for c < round_up(dim, kPad),
-// r < ld, zero where r >= n or c >= dim. Rows are staged contiguously in
-// stage ([ld, round_up(dim, kPad)]) and transposed in register blocks:
-// scattering strided stores instead cost ~20% of the forward at d = 128.
+// r < ld, zero where r >= n or c >= dim. Contiguous rows needing no padding
+// are converted and transposed in register blocks straight from their place
+// (decode f32 Lk = 128k: K+V read 16.5 -> 18.9 GB/s); the others, and
+// the last n mod kTransposeBlock rows, are staged contiguously in stage
+// ([ld, round_up(dim, kPad)]) first. (Scattering strided stores instead cost
+// ~20% of the forward at d = 128.)
 template <typename T, typename Acc>
 void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim,
                  int64_t ld, Acc* dst, Acc* stage) {
   const int64_t pad = round_up(dim, kPad);
-  load_tile<T>(o, b, seq0, h, n, dim, pad, stage);
-  for (int64_t x = n * pad; x < ld * pad; ++x) stage[x] = Acc(0);
-  transpose(ld, pad, stage, pad, dst, ld);
+  int64_t r0 = 0;
+#if FG_VEC_GEMM
+  if constexpr (std::is_same<Acc, float>::value) {
+    if (o.dim_stride == 1 && dim == pad) {
+      r0 = n / kTransposeBlock * kTransposeBlock;
+      transpose_cvt(r0, pad, static_cast<const T*>(o.data) + row_offset(o, b, seq0, h), o.seq_stride, dst, ld);
+    }
+  }
+#endif
+  load_tile<T>(o, b, seq0 + r0, h, n - r0, dim, pad, stage);
+  for (int64_t x = (n - r0) * pad; x < (ld - r0) * pad; ++x) stage[x] = Acc(0);
+  transpose(ld - r0, pad, stage, pad, dst + r0, ld);
 }
 
 // The forward's two tile products and the tile layouts they read, in Acc
@@ -240,6 +279,9 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * mq, *lx = l + x * mq, *ax = alpha + x * mq;
       Tiles::load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
+      // The next tile's rows, a share per score row below.
+      const int64_t xn = x + 1 < nh ? x + 1 : 0, jn = x + 1 < nh ? j0 : j0 + plan.block_k;
+      const int64_t nn = jn < k_hi && mq >= 32 ? std::min(plan.block_k, k_hi - jn) : 0;
       Tiles::qk(plan, mq, d, qx, kt, scale, s);
       for (int64_t r = 0; r < mq; ++r) {
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
@@ -255,6 +297,9 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         lx[r] = lx[r] * ax[r] + exp_row(srow, lds, mref);
         mx_[r] = mx;
         c.dropout_row(i, j0, nj, keep, srow);
+        const int64_t f0 = r * nn / mq, f1 = (r + 1) * nn / mq;
+        prefetch_rows<T>(p.k, b, k0 + jn + f0, hk0 + xn, f1 - f0, d);
+        prefetch_rows<T>(p.v, b, k0 + jn + f0, hk0 + xn, f1 - f0, p.head_dim_v);
       }
       // o = o * alpha + P V, with P V summed on its own first (blocked summation).
       Tiles::pv(plan, mq, nj, s, v, pv);

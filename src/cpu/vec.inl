@@ -76,6 +76,10 @@ inline f16_t f16_from(float f) {
   return f16_t{static_cast<uint16_t>(sign | (u >> 13))};
 #endif
 }
+#if FG_VEC_GEMM
+inline VecF vload_as(const bf16_t* p) { return vload_bf16(&p->bits); }
+inline VecF vload_as(const f16_t* p) { return vload_f16(&p->bits); }
+#endif
 template <> inline bf16_t from_acc<bf16_t>(double x) { return bf16_from(static_cast<float>(x)); }
 template <> inline f16_t from_acc<f16_t>(double x) { return f16_from(static_cast<float>(x)); }
 
@@ -253,11 +257,15 @@ inline void transpose(int64_t rows, int64_t cols, const Acc* src, int64_t lds, A
 }
 #if FG_VEC_GEMM
 // Whole register blocks; rows and cols must be multiples of kTransposeBlock.
-inline void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst,
-                      int64_t ldd) {
+// src may hold f32, bf16 or f16 (converted exactly on the way).
+template <typename S>
+inline void transpose_cvt(int64_t rows, int64_t cols, const S* src, int64_t lds, float* dst, int64_t ldd) {
   FG_DASSERT(rows % kTransposeBlock == 0 && cols % kTransposeBlock == 0);
   for (int64_t r = 0; r < rows; r += kTransposeBlock)
     for (int64_t c = 0; c < cols; c += kTransposeBlock)
       transpose_block(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+}
+inline void transpose(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
+  transpose_cvt(rows, cols, src, lds, dst, ldd);
 }
 #endif

@@ -42,11 +42,20 @@ inline VecF vexp(VecF x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-// dst[c * ldd + r] = src[r * lds + c] for one 8 x 8 block, in registers.
+// 8 lanes of f32, bf16 or f16 bits (exact) as f32.
+inline VecF vload_as(const float* p) { return vload(p); }
+inline VecF vload_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline VecF vload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// dst[c * ldd + r] = src[r * lds + c] for one 8 x 8 block, in registers;
+// S is float, bf16_t or f16_t (vload_as converts).
 constexpr int64_t kTransposeBlock = 8;
-inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+template <typename S>
+inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
   __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) r[i] = vload_as(src + i * lds);
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);

@@ -37,11 +37,20 @@ inline VecF vexp(VecF x) {
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
-// dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers.
+// 16 lanes of f32, bf16 or f16 bits (exact) as f32.
+inline VecF vload_as(const float* p) { return vload(p); }
+inline VecF vload_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline VecF vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+// dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers;
+// S is float, bf16_t or f16_t (vload_as converts).
 constexpr int64_t kTransposeBlock = 16;
-inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+template <typename S>
+inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; ++i) r[i] = vload_as(src + i * lds);
   for (int i = 0; i < 8; ++i) {  // 32-bit interleave of row pairs
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
