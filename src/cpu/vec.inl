@@ -172,8 +172,8 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
 // k, Nv loads of B and Mr broadcasts of A feed Mr * Nv FMAs. (The unroll
 // pragmas keep GCC from also giving the accumulator arrays a stack copy,
 // which it zeroed and stored on every call: 4% of the forward.)
-template <int Mr, int Nv = 2>
-inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+template <int Mr, int Nv = 2, typename TB = float>
+inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
                            int64_t ldb, float* c, int64_t ldc) {
   VecF acc[Mr][Nv];
 #pragma GCC unroll 16
@@ -183,7 +183,7 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
   for (int64_t p = 0; p < k; ++p) {
     VecF bv[Nv];
 #pragma GCC unroll 4
-    for (int j = 0; j < Nv; ++j) bv[j] = vload(b + p * ldb + j * kLanes);
+    for (int j = 0; j < Nv; ++j) bv[j] = vload_as(b + p * ldb + j * kLanes);
 #pragma GCC unroll 16
     for (int r = 0; r < Mr; ++r) {
       const VecF av = vbroadcast(a[r * a_rs + p * a_cs]);
@@ -198,28 +198,29 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 }
 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv>
+template <int Mr, int Nv, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const float* b, int64_t ldb, float* c, int64_t ldc) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc) {
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes) gemm_f32_block<Mr, Nv>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);
   for (; j < n; j += 2 * kLanes) gemm_f32_block<Mr, 2>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);
 }
 
 // The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv>
+template <int R, int Nv, typename TB>
 inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const float* b, int64_t ldb, float* c, int64_t ldc) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc) {
   if constexpr (R > 0) {
     if (rest == R) return gemm_f32_rows<R, Nv>(n, k, a, a_rs, a_cs, b, ldb, c, ldc);
     gemm_f32_rest<R - 1, Nv>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
   }
 }
 
-// gemm_nn with Mr x Nv register blocks; n a multiple of 2 * kLanes.
-template <int Mr, int Nv>
+// gemm_nn with Mr x Nv register blocks; n a multiple of 2 * kLanes. B may
+// hold f32, bf16 or f16 (converted exactly as it is loaded).
+template <int Mr, int Nv, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                     const float* b, int64_t ldb, float* c, int64_t ldc) {
+                     const TB* b, int64_t ldb, float* c, int64_t ldc) {
   FG_DASSERT(n % (2 * kLanes) == 0);
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr) gemm_f32_rows<Mr, Nv>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);
