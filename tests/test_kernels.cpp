@@ -138,6 +138,32 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
   expect_pass(v);
 }
 
+// Query tiles of one or two rows (decode: Lq = 1, MHA or two query heads per
+// K/V head) read V rows in place when dv is a multiple of 32; K rows with
+// d = 64 are transposed where they lie, the last Lk mod 16 through staging.
+TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t group : {1, 2})
+      for (int64_t lk : {int64_t{301}, int64_t{2 * 2048 + 37}}) {
+        Case c = base(t);
+        c.batch = 2;
+        c.seqlen_q = 1;
+        c.seqlen_k = lk;
+        c.heads_kv = 2;
+        c.heads_q = 2 * group;
+        c.head_dim = 64;
+        c.head_dim_v = 32;
+        c.name = "decode_in_place_" + dtype_label(t) + "_g" + std::to_string(group) + "_lk" + std::to_string(lk);
+        expect_pass(c);
+        c.causal = true;
+        c.sinks = true;
+        c.dropout_p = 0.1;
+        c.alibi = true;
+        c.mask = MaskKind::key_padding;
+        expect_pass(c);
+      }
+}
+
 TEST_F(Kernels, FeaturesAlonePerDtype) {
   for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     std::vector<Case> cs;
