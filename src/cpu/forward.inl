@@ -22,22 +22,23 @@ void load_tile(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, 
     load_row(base + row_offset(o, b, seq0 + r, h), o.dim_stride, dim, pad, dst + r * pad);
 }
 
-// Asks for one cache line in L2. Inline asm because GCC 12 deletes a loop
-// whose body is only __builtin_prefetch (the loop has no side effect to it).
+// Asks for one cache line in L2. Inline asm on x86 because GCC 12 deletes a
+// loop whose body is only __builtin_prefetch (to it the loop does nothing);
+// elsewhere the builtin, which that may drop at no cost to correctness.
 inline void prefetch_l2(const char* p) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   asm volatile("prefetcht1 %0" : : "m"(*p));
-#elif defined(__GNUC__) && defined(__aarch64__)
-  asm volatile("prfm pldl2keep, %0" : : "Q"(*p));
+#elif defined(__GNUC__)
+  __builtin_prefetch(p, 0, 2);
 #else
   (void)p;
 #endif
 }
 
 // Rows [seq0, seq0 + n) of head h of o (dim elements each) into L2, one tile
-// ahead of their load_tile. In [batch, seq, heads, dim] layouts each row of a
+// ahead of their loads. In [batch, seq, heads, dim] layouts each row of a
 // head starts a new 4 KiB page at d = 128, where the hardware prefetchers
-// stop, so without this the copies waited on L3.
+// stop, so without this the loads waited on L3.
 template <typename T>
 void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim) {
   if (o.dim_stride != 1) return;
