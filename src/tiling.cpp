@@ -70,16 +70,18 @@ TilePlan plan_forward(const AttnParams& p) {
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
   const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
+  const int64_t rows_pad = sat_mul(t.kv_heads, round_up(t.block_q, kPad));
   f.q = c.take(sat_mul(rows, t.dqk_pad));
+  f.qt = c.take(sat_mul(rows_pad, t.dqk_pad));
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
-  f.s = c.take(sat_mul(t.block_q, t.bk_pad));
+  f.s = c.take(sat_mul(round_up(t.block_q, kPad), t.bk_pad));
   f.o = c.take(sat_mul(rows, t.dv_pad));
   f.pv = c.take(sat_mul(t.block_q, t.dv_pad));
   f.stage = c.take(t.bk_pad * t.dqk_pad);
-  f.row_m = c.take(rows);
-  f.row_l = c.take(rows);
-  f.row_alpha = c.take(rows);
+  f.row_m = c.take(rows_pad);
+  f.row_l = c.take(rows_pad);
+  f.row_alpha = c.take(rows_pad);
   f.row_lo = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
   f.row_hi = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
   f.total = c.at;

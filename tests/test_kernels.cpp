@@ -164,6 +164,27 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
       }
 }
 
+// Full tiles of 32 or more stacked query rows take keys-major scores
+// (forward.inl). Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no
+// power of two make any difference between those scores and the backward's
+// recomputed ones show in dQ, dK and dV: exp(S - lse) moves by the
+// difference times 1e4 / ulp.
+TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (int64_t d : {int64_t{64}, int64_t{40}}) {
+      Case c = base(t);
+      c.seqlen_q = 80;
+      c.seqlen_k = 150;
+      c.head_dim = d;
+      c.input_scale = 100.0;
+      c.softmax_scale = 0.3;
+      c.name = "keys_major_" + dtype_label(t) + "_d" + std::to_string(d);
+      expect_pass(c);
+      c.causal = true;
+      expect_pass(c);
+    }
+}
+
 TEST_F(Kernels, FeaturesAlonePerDtype) {
   for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     std::vector<Case> cs;
@@ -383,10 +404,13 @@ TEST_F(Bf16DotProducts, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
 // With a power-of-two scale the dot products give S bit for bit as the f32
 // tiles do (vec_avx512.inl), so lse, which only S feeds, is identical, and
 // the backward's recomputed P = exp(S - lse) never exceeds 1. (out differs:
-// P V runs on P rounded to bf16.)
+// P V runs on P rounded to bf16.) 15 query rows of 2 heads stack 30 rows, so
+// the f32 forward keeps its row-wise softmax (keys-major tiles start at
+// kKeysMajorRows = 32 and sum each row's exponentials in another order).
 TEST_F(Bf16DotProducts, ScoresMatchTheF32TilesBitForBit) {
   for (auto [d, scale] : {std::pair{int64_t{64}, 0.0}, std::pair{int64_t{17}, 0.25}, std::pair{int64_t{128}, 0.0625}}) {
     Case c = base(DType::bf16);
+    c.seqlen_q = 15;
     c.head_dim = d;
     c.softmax_scale = scale;
     c.seqlen_k = 131;

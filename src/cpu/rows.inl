@@ -31,6 +31,32 @@ inline float exp_row(float* s, int64_t n, float m) {
   return vreduce_add(sum);
 }
 
+#if FG_VEC_GEMM
+// One online-softmax step on a keys-major tile st [nj, ld] (key j in row j,
+// query row r in column r; ld a multiple of kLanes), kLanes query rows at a
+// time: m, l and alpha [ld] are the rows' running max, running sum and this
+// step's rescale, as row_max and exp_row give them for one row.
+inline void softmax_cols(float* st, int64_t nj, int64_t ld, float* m, float* l, float* alpha) {
+  for (int64_t c = 0; c < ld; c += kLanes) {
+    const VecF m_old = vload(m + c);
+    VecF mx = m_old;
+    for (int64_t j = 0; j < nj; ++j) mx = vmax(mx, vload(st + j * ld + c));
+    // A row with no finite logit yet keeps max -inf; 0 stands in, as in forward_task.
+    const VecF mref = vzero_if_neg_inf(mx);
+    const VecF a = vexp(vsub(m_old, mref));
+    VecF sum = vzero();
+    for (int64_t j = 0; j < nj; ++j) {
+      const VecF e = vexp(vsub(vload(st + j * ld + c), mref));
+      vstore(st + j * ld + c, e);
+      sum = vadd(sum, e);
+    }
+    vstore(alpha + c, a);
+    vstore(l + c, vadd(vmul(vload(l + c), a), sum));
+    vstore(m + c, mx);
+  }
+}
+#endif
+
 // P = exp(s - lse) into s, and dS = P * (dP - delta) into dp.
 template <typename Acc>
 inline void grad_row(Acc* s, Acc* dp, int64_t n, Acc lse, Acc delta) {

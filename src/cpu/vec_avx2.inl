@@ -14,6 +14,9 @@ inline VecF vadd(VecF a, VecF b) { return _mm256_add_ps(a, b); }
 inline VecF vsub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
 inline VecF vmul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
+inline VecF vzero_if_neg_inf(VecF v) {
+  return _mm256_blendv_ps(v, vzero(), _mm256_cmp_ps(v, vbroadcast(-INFINITY), _CMP_EQ_OQ));
+}
 inline float vreduce_add(VecF v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));

@@ -18,6 +18,9 @@ inline VecF vsub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
 inline VecF vmul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecF vmax(VecF a, VecF b) { return _mm512_max_ps(a, b); }
 inline float vreduce_add(VecF v) { return _mm512_reduce_add_ps(v); }
+inline VecF vzero_if_neg_inf(VecF v) {
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, vbroadcast(-INFINITY), _CMP_EQ_OQ), vzero());
+}
 inline float vreduce_max(VecF v) { return _mm512_reduce_max_ps(v); }
 
 // exp_f32 (vec.inl) lane-wise: same reduction, polynomial and special cases.
