@@ -24,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <new>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -50,14 +49,6 @@ void set_flops(benchmark::State& state, double flops_per_iteration) {
   state.counters["FLOP/s"] = benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-std::vector<float> uniform(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = u(rng);
-  return x;
-}
-
 // --- the tile product ----------------------------------------------------------
 
 // max |c - A b| over c [m, n], with A(r, p) = a[r * a_rs + p * a_cs].
@@ -79,7 +70,8 @@ bool gemm_ok(double err, int64_t k) { return err <= 1e-6 * static_cast<double>(k
 void gemm_block_bench(benchmark::State& state, Isa isa) {
   const TileOps& ops = tile_ops(isa);
   const int64_t k = state.range(0), m = ops.block_rows, n = ops.block_cols;
-  const std::vector<float> a = uniform(static_cast<size_t>(m * k), 1), b = uniform(static_cast<size_t>(k * n), 2);
+  const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(m * k), 1),
+                           b = testing::uniform_floats(static_cast<size_t>(k * n), 2);
   std::vector<float> c(static_cast<size_t>(m * n));
   ops.gemm_block(k, a.data(), k, 1, b.data(), n, c.data(), n);
   if (!gemm_ok(gemm_error(m, n, k, a.data(), k, 1, b.data(), n, c.data(), n), k))
@@ -113,7 +105,8 @@ void gemm_nn_bench(benchmark::State& state, Isa isa, Product pr) {
   const int64_t m = pr.m, n = pr.n, k = pr.k;
   // A is stored [m, k], or [k, m] and read transposed.
   const int64_t a_rs = pr.transposed_a ? 1 : k, a_cs = pr.transposed_a ? m : 1;
-  const std::vector<float> a = uniform(static_cast<size_t>(m * k), 3), b = uniform(static_cast<size_t>(k * n), 4);
+  const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(m * k), 3),
+                           b = testing::uniform_floats(static_cast<size_t>(k * n), 4);
   std::vector<float> c(static_cast<size_t>(m * n));
   ops.gemm_nn(m, n, k, a.data(), a_rs, a_cs, b.data(), n, c.data(), n);
   if (!gemm_ok(gemm_error(m, n, k, a.data(), a_rs, a_cs, b.data(), n, c.data(), n), k))
@@ -136,7 +129,7 @@ constexpr int64_t kRows = 128, kCols = 64;  // a forward score tile: block_q x b
 // Repeating it keeps the values in [e^-1, 1], so the timed loop sees normal numbers.
 void softmax_rows_bench(benchmark::State& state, Isa isa) {
   const TileOps& ops = tile_ops(isa);
-  std::vector<float> s = uniform(static_cast<size_t>(kRows * kCols), 5);
+  std::vector<float> s = testing::uniform_floats(static_cast<size_t>(kRows * kCols), 5);
   const std::vector<float> x = s;
   for (int64_t r = 0; r < kRows; ++r) {
     float* row = s.data() + r * kCols;
@@ -167,7 +160,8 @@ void softmax_rows_bench(benchmark::State& state, Isa isa) {
 // lse = 2 and delta = -0.5, repeating it converges to S ~ 0.16, dS ~ 0.1.
 void grad_rows_bench(benchmark::State& state, Isa isa) {
   const TileOps& ops = tile_ops(isa);
-  std::vector<float> s = uniform(static_cast<size_t>(kRows * kCols), 6), dp = uniform(s.size(), 7);
+  std::vector<float> s = testing::uniform_floats(static_cast<size_t>(kRows * kCols), 6),
+                     dp = testing::uniform_floats(s.size(), 7);
   const std::vector<float> s0 = s, dp0 = dp;
   constexpr float kLse = 2.0f, kDelta = -0.5f;
   for (int64_t r = 0; r < kRows; ++r) ops.grad_row(s.data() + r * kCols, dp.data() + r * kCols, kCols, kLse, kDelta);
@@ -190,7 +184,7 @@ void grad_rows_bench(benchmark::State& state, Isa isa) {
 void transpose_bench(benchmark::State& state, Isa isa) {
   const TileOps& ops = tile_ops(isa);
   constexpr int64_t rows = 64, cols = 128;
-  const std::vector<float> src = uniform(static_cast<size_t>(rows * cols), 8);
+  const std::vector<float> src = testing::uniform_floats(static_cast<size_t>(rows * cols), 8);
   std::vector<float> dst(src.size());
   ops.transpose(rows, cols, src.data(), cols, dst.data(), rows);
   for (int64_t r = 0; r < rows; ++r)

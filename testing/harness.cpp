@@ -21,6 +21,14 @@ namespace conv {
 #include "cpu/vec.inl"
 }  // namespace conv
 
+std::vector<float> uniform_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
 namespace {
 
 double round_to(DType t, double x) {

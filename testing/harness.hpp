@@ -79,6 +79,10 @@ Outputs make_outputs(const Problem& p, bool f64);
 void run_kernels(const Problem& p, Outputs& o, bool backward = true);
 void run_reference(const Problem& p, Outputs& o, reference::Precision prec, bool backward = true);
 
+// n floats drawn uniformly from [-1, 1) by mt19937(seed): operands for the
+// benchmarks' bare tile products and GEMMs.
+std::vector<float> uniform_floats(size_t n, uint32_t seed);
+
 // A zeroed compact tensor (storage for at least one element).
 Buffer contiguous(DType t, const std::vector<int64_t>& dims);
 

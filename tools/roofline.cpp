@@ -24,7 +24,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -38,6 +37,7 @@
 #endif
 
 #include "cli.hpp"
+#include "harness.hpp"
 #include "dispatch.hpp"
 #include "flashgrad/flashgrad.hpp"
 #include "openblas.hpp"
@@ -82,17 +82,10 @@ double median_rate_small(const std::function<void()>& fn, double work, int batch
 // between measurements keeps one library's spinning out of the next one's time.
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
-std::vector<float> uniform(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = u(rng);
-  return x;
-}
-
 double sgemm_gflops(int64_t n, int threads, int repeats) {
   openblas_set_num_threads(threads);
-  const std::vector<float> a = uniform(static_cast<size_t>(n * n), 1), b = uniform(static_cast<size_t>(n * n), 2);
+  const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(n * n), 1),
+                           b = testing::uniform_floats(static_cast<size_t>(n * n), 2);
   std::vector<float> c(static_cast<size_t>(n * n));
   const int ni = static_cast<int>(n);
   auto call = [&] {
@@ -119,7 +112,7 @@ double dnnl_gflops(dnnl::memory::data_type in, int64_t n, int threads, int repea
   dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
   uint32_t seed = 3;
   for (dnnl::memory* m : {&a, &b}) {
-    const std::vector<float> x = uniform(static_cast<size_t>(n * n), seed++);
+    const std::vector<float> x = testing::uniform_floats(static_cast<size_t>(n * n), seed++);
     if (in == dt::bf16) {
       auto* dst = static_cast<uint16_t*>(m->get_data_handle());
       for (size_t i = 0; i < x.size(); ++i) {
@@ -167,7 +160,8 @@ std::vector<TileRate> tile_rates(int batches) {
   openblas_set_num_threads(1);
   std::vector<TileRate> out;
   for (const TileShape& s : kTileShapes) {
-    const std::vector<float> a = uniform(static_cast<size_t>(s.m * s.k), 4), b = uniform(static_cast<size_t>(s.k * s.n), 5);
+    const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(s.m * s.k), 4),
+                             b = testing::uniform_floats(static_cast<size_t>(s.k * s.n), 5);
     std::vector<float> c(static_cast<size_t>(s.m * s.n));
     const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
     const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
