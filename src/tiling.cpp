@@ -21,7 +21,8 @@ int64_t sat_add(int64_t a, int64_t b) { return a > kHuge - b ? kHuge : a + b; }
 
 // Keep the working set of one tile step (Q, K, V, S, O tiles) near L2 size
 // (1 MiB per Zen 4 core): 64 x 64 tiles up to d = 128, shorter query tiles
-// beyond, so that d = 512 still fits.
+// beyond, so that d = 512 still fits. The forward (128 query rows) and the
+// backward (128 keys) widen them for d <= 128 below.
 void choose_blocks(const AttnParams& p, TilePlan& t) {
   const int64_t d = std::max(p.head_dim, p.head_dim_v);
   t.block_k = 64;
