@@ -88,6 +88,8 @@ TilePlan plan_forward(const AttnParams& p) {
   f.row_alpha = c.take(rows_pad);
   f.row_lo = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
   f.row_hi = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
+  f.row_lo_f = c.take(round_up(t.block_q, kPad));
+  f.row_hi_f = c.take(round_up(t.block_q, kPad));
   f.total = c.at;
   t.per_thread_bytes = round_up(sat_mul(f.total, t.acc_bytes), kAlign);
   t.shared_bytes = 0;

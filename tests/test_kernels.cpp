@@ -164,8 +164,8 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
       }
 }
 
-// Full tiles of 32 or more stacked query rows take keys-major scores
-// (forward.inl). Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no
+// Tiles of 32 or more stacked query rows that only the causal or window
+// ranges cut take keys-major scores (forward.inl). Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no
 // power of two make any difference between those scores and the backward's
 // recomputed ones show in dQ, dK and dV: exp(S - lse) moves by the
 // difference times 1e4 / ulp.
@@ -181,6 +181,10 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       c.name = "keys_major_" + dtype_label(t) + "_d" + std::to_string(d);
       expect_pass(c);
       c.causal = true;
+      expect_pass(c);
+      c.causal = false;
+      c.window_left = 37;
+      c.window_right = 5;
       expect_pass(c);
     }
 }

@@ -158,13 +158,11 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
-      gemm_nn(nj, ldv, qb.mq, s, 1, plan.bk_pad, qb.dout, ldv, tmp, ldv);  // dV += P^T dO
-      scale_add<Acc>(nj, ldv, nullptr, tmp, dv, ldv);
-      gemm_nn(nj, ldq, qb.mq, dp, 1, plan.bk_pad, qb.q, ldq, tmp, ldq);  // dK += dS^T (scale Q)
-      scale_add<Acc>(nj, ldq, nullptr, tmp, dk, ldq);
+      gemm_nn_acc(nj, ldv, qb.mq, s, 1, plan.bk_pad, qb.dout, ldv, dv, ldv, nullptr, tmp);  // dV += P^T dO
+      gemm_nn_acc(nj, ldq, qb.mq, dp, 1, plan.bk_pad, qb.q, ldq, dk, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
       if (dq_acc) {
-        gemm_nn(qb.mq, ldq, nj, dp, plan.bk_pad, 1, k, ldq, tmp, ldq);  // dQ += dS K
-        scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq);
+        gemm_nn_acc(qb.mq, ldq, nj, dp, plan.bk_pad, 1, k, ldq,  // dQ += dS K
+                         dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
       }
     }
   }
@@ -209,8 +207,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     transpose(lds, ldq, k, ldq, kt, lds);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt, tmp);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn(qb.mq, ldq, nj, dp, lds, 1, k, ldq, tmp, ldq);  // dQ += dS K
-    scale_add<Acc>(qb.mq, ldq, nullptr, tmp, dq, ldq);
+    gemm_nn_acc(qb.mq, ldq, nj, dp, lds, 1, k, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
   }
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < qb.mq; ++r)

@@ -116,14 +116,16 @@ struct AccTiles {
   static void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
     gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad);
   }
-  // pv [mq, dv_pad] = P v over the tile's nj keys, P in s.
-  void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, Acc* pv) const {
+  // o [mq, dv_pad] = o * alpha + P v over the tile's nj keys, P in s; pv is scratch.
+  void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, const Acc* alpha, Acc* o,
+          Acc* pv) const {
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value)
-      if (v_in_place) return gemm_f32<kGemmMr, kGemmVecs>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, pv,
-                                                          plan.dv_pad);
+      if (v_in_place)
+        return gemm_f32<kGemmMr, kGemmVecs, true>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
+                                                  plan.dv_pad, alpha);
 #endif
-    gemm_nn(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, pv, plan.dv_pad);
+    gemm_nn_acc(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, o, plan.dv_pad, alpha, pv);
   }
 };
 
@@ -191,17 +193,20 @@ struct Bf16DotTiles {
               reinterpret_cast<const uint32_t*>(kt), plan.bk_pad, s, plan.bk_pad, scale);
   }
   // P's padding columns (nj and beyond) are exp(-inf) = 0, so an odd nj's last pair is (P, 0).
-  void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, float* pv) const {
+  void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
+          float* pv) const {
     const int64_t lds = plan.bk_pad;
     for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
     gemm_bf16(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
               reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad, 1.0f);
+    scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
 };
 #endif
 
-// Keys-major score tiles: full tiles (no mask, bias, softcap, ALiBi or
-// dropout inside) of query tiles with at least kKeysMajorRows rows compute
+// Keys-major score tiles: tiles without mask, bias, softcap, ALiBi or
+// dropout (full, or cut only by the causal and window ranges) of query tiles
+// with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
 // (softmax_cols): no horizontal reductions, no K^T tile, no per-row loop.
@@ -282,13 +287,14 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
   lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
 }
 
-// One full tile, keys-major: S^T [nj, ms] into st, the softmax step on m, l
-// and alpha ([ms]), and P V [mq, dv_pad] into pv. K rows are read in place
-// when they are contiguous f32, else converted into stage.
+// One tile, keys-major: S^T [nj, ms] into st, the softmax step on m, l and
+// alpha ([ms]) with keys j0.. (sequence-relative) outside [lo, hi] masked (lo
+// null: a full tile), and o [mq, dv_pad] = o * alpha + P V. K rows are read
+// in place when they are contiguous f32, else converted into stage.
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                      int64_t mq, const Acc* qt, int64_t ms, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l, Acc* alpha,
-                     Acc* pv) {
+                     Acc* o, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     const float* kr = stage;
@@ -301,13 +307,13 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     }
     load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
     gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, ms, st, ms);
-    softmax_cols(st, nj, ms, m, l, alpha);
-    gemm_nn(mq, plan.dv_pad, nj, st, 1, ms, v, plan.dv_pad, pv, plan.dv_pad);
+    softmax_cols(st, nj, ms, m, l, alpha, lo, hi, static_cast<float>(j0));
+    gemm_nn_acc(mq, plan.dv_pad, nj, st, 1, ms, v, plan.dv_pad, o, plan.dv_pad, alpha, nullptr);
     return;
   }
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)v, (void)stage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)pv;
+  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0;
 }
 
 template <typename T, typename Acc, typename Tiles>
@@ -326,6 +332,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   Acc *q = ws.at(L.q), *qt = ws.at(L.qt), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
   Acc *stage = ws.at(L.stage), *pv = ws.at(L.pv), *m = ws.at(L.row_m), *l = ws.at(L.row_l), *alpha = ws.at(L.row_alpha);
   int64_t *lo = ws.idx(L.row_lo), *hi = ws.idx(L.row_hi);
+  Acc *lo_f = ws.at(L.row_lo_f), *hi_f = ws.at(L.row_hi_f);
   uint8_t keep[kMaxBlockK];
   Tiles tiles(p, mq);
 
@@ -346,11 +353,19 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   }
   for (int64_t x = 0; x < nh * mq * ldv; ++x) o[x] = Acc(0);
   const bool keys_major = keys_major_usable<T, Acc, Tiles>(p, mq);
-  if (keys_major)  // Q^T [dqk_pad, ms] per K/V head, zero past row mq
+  // Tiles the causal or window ranges cut take keys-major scores too when
+  // nothing else masks and key indices stay exact in f32.
+  const bool keys_major_ranged = keys_major && !p.mask.data && lk < (int64_t{1} << 24);
+  if (keys_major) {  // Q^T [dqk_pad, ms] per K/V head, zero past row mq
     for (int64_t x = 0; x < nh; ++x)
       for (int64_t c = 0; c < plan.dqk_pad; ++c)
         for (int64_t r = 0; r < ms; ++r)
           qt[(x * plan.dqk_pad + c) * ms + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
+    for (int64_t r = 0; r < ms; ++r) {  // padding columns see no key
+      lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
+      hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
+    }
+  }
 
   // Prefetching the next K/V tile, measured (2 threads, d = 128, K+V from
   // DRAM): f32 forward L = 4096 +1-3%; decode tiles (V in place) f32 24 -> 19
@@ -366,10 +381,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
       // Keys-major tiles go without the next tile's prefetch: issued before
       // one, it measured 2% slower (f32, d = 128, L = 4096, 1 thread).
-      if (keys_major && kind == TileKind::full) {
+      if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
+        const bool cut = kind == TileKind::partial;
         keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qt + x * plan.dqk_pad * ms, ms, v, stage, s, mx_, lx,
-                           ax, pv);
-        scale_add(mq, ldv, ax, pv, ox, ldv);
+                           ax, ox, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
         continue;
       }
       tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
@@ -395,9 +410,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         prefetch_rows<T>(p.k, b, k0 + jn + f0, hk0 + xn, f1 - f0, d);
         prefetch_rows<T>(p.v, b, k0 + jn + f0, hk0 + xn, f1 - f0, p.head_dim_v);
       }
-      // o = o * alpha + P V, with P V summed on its own first (blocked summation).
-      tiles.pv(plan, mq, nj, s, v, pv);
-      scale_add(mq, ldv, ax, pv, ox, ldv);
+      tiles.pv(plan, mq, nj, s, v, ax, ox, pv);
     }
   }
   for (int64_t x = 0; x < nh; ++x) {

@@ -35,12 +35,24 @@ inline float exp_row(float* s, int64_t n, float m) {
 // One online-softmax step on a keys-major tile st [nj, ld] (key j in row j,
 // query row r in column r; ld a multiple of kLanes), kLanes query rows at a
 // time: m, l and alpha [ld] are the rows' running max, running sum and this
-// step's rescale, as row_max and exp_row give them for one row.
-inline void softmax_cols(float* st, int64_t nj, int64_t ld, float* m, float* l, float* alpha) {
+// step's rescale, as row_max and exp_row give them for one row. With lo and
+// hi ([ld], null for a full tile), key j0 + j counts for row r only in
+// [lo[r], hi[r]] (the causal and window ranges as floats, exact below 2^24).
+inline void softmax_cols(float* st, int64_t nj, int64_t ld, float* m, float* l, float* alpha,
+                         const float* lo = nullptr, const float* hi = nullptr, float j0 = 0) {
   for (int64_t c = 0; c < ld; c += kLanes) {
     const VecF m_old = vload(m + c);
     VecF mx = m_old;
-    for (int64_t j = 0; j < nj; ++j) mx = vmax(mx, vload(st + j * ld + c));
+    if (lo) {
+      const VecF lv = vload(lo + c), hv = vload(hi + c);
+      for (int64_t j = 0; j < nj; ++j) {
+        const VecF sj = vneg_inf_outside(vload(st + j * ld + c), vbroadcast(j0 + static_cast<float>(j)), lv, hv);
+        vstore(st + j * ld + c, sj);
+        mx = vmax(mx, sj);
+      }
+    } else {
+      for (int64_t j = 0; j < nj; ++j) mx = vmax(mx, vload(st + j * ld + c));
+    }
     // A row with no finite logit yet keeps max -inf; 0 stands in, as in forward_task.
     const VecF mref = vzero_if_neg_inf(mx);
     const VecF a = vexp(vsub(m_old, mref));

@@ -171,10 +171,12 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
 // Mr rows x Nv vectors of columns, all accumulators in registers: per step of
 // k, Nv loads of B and Mr broadcasts of A feed Mr * Nv FMAs. (The unroll
 // pragmas keep GCC from also giving the accumulator arrays a stack copy,
-// which it zeroed and stored on every call: 4% of the forward.)
-template <int Mr, int Nv = 2, typename TB = float>
+// which it zeroed and stored on every call: 4% of the forward.) With Accum
+// the block's sums meet C only at the end, as C * rs[r] + sum (rs null: C +
+// sum): the blocked summation of scale_add without its pass over a copy.
+template <int Mr, int Nv, bool Accum, typename TB>
 inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
-                           int64_t ldb, float* c, int64_t ldc) {
+                           int64_t ldb, float* c, int64_t ldc, const float* rs) {
   VecF acc[Mr][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r)
@@ -192,39 +194,55 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < Mr; ++r)
+  for (int r = 0; r < Mr; ++r) {
+    float* cr = c + r * ldc;
+    if constexpr (Accum) {
+      if (rs) {
+        const VecF sc = vbroadcast(rs[r]);
 #pragma GCC unroll 4
-    for (int j = 0; j < Nv; ++j) vstore(c + r * ldc + j * kLanes, acc[r][j]);
-}
-
-// Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv, typename TB>
-inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc) {
-  int64_t j = 0;
-  for (; j + Nv * kLanes <= n; j += Nv * kLanes) gemm_f32_block<Mr, Nv>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);
-  for (; j < n; j += 2 * kLanes) gemm_f32_block<Mr, 2>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);
-}
-
-// The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv, typename TB>
-inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc) {
-  if constexpr (R > 0) {
-    if (rest == R) return gemm_f32_rows<R, Nv>(n, k, a, a_rs, a_cs, b, ldb, c, ldc);
-    gemm_f32_rest<R - 1, Nv>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+        for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(vload(cr + j * kLanes), sc, acc[r][j]);
+      } else {
+#pragma GCC unroll 4
+        for (int j = 0; j < Nv; ++j) acc[r][j] = vadd(vload(cr + j * kLanes), acc[r][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < Nv; ++j) vstore(cr + j * kLanes, acc[r][j]);
   }
 }
 
-// gemm_nn with Mr x Nv register blocks; n a multiple of 2 * kLanes. B may
-// hold f32, bf16 or f16 (converted exactly as it is loaded).
-template <int Mr, int Nv, typename TB>
+// Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
+template <int Mr, int Nv, bool Accum, typename TB>
+inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
+  int64_t j = 0;
+  for (; j + Nv * kLanes <= n; j += Nv * kLanes)
+    gemm_f32_block<Mr, Nv, Accum>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs);
+  for (; j < n; j += 2 * kLanes) gemm_f32_block<Mr, 2, Accum>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs);
+}
+
+// The last rows (m mod Mr) in one block of their own height.
+template <int R, int Nv, bool Accum, typename TB>
+inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
+  if constexpr (R > 0) {
+    if (rest == R) return gemm_f32_rows<R, Nv, Accum>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
+    gemm_f32_rest<R - 1, Nv, Accum>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
+  }
+}
+
+// gemm_nn (or, with Accum, gemm_nn_acc) with Mr x Nv register blocks; n a
+// multiple of 2 * kLanes. B may hold f32, bf16 or f16 (converted exactly as
+// it is loaded).
+template <int Mr, int Nv, bool Accum = false, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                     const TB* b, int64_t ldb, float* c, int64_t ldc) {
+                     const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr) {
   FG_DASSERT(n % (2 * kLanes) == 0);
   int64_t i = 0;
-  for (; i + Mr <= m; i += Mr) gemm_f32_rows<Mr, Nv>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);
-  gemm_f32_rest<Mr - 1, Nv>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);
+  for (; i + Mr <= m; i += Mr)
+    gemm_f32_rows<Mr, Nv, Accum>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i : rs);
+  gemm_f32_rest<Mr - 1, Nv, Accum>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
+                                   rs ? rs + i : rs);
 }
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
@@ -248,6 +266,25 @@ inline void scale_add(int64_t rows, int64_t n, const Acc* row_scale, const Acc* 
     }
   }
 }
+
+// C[m, 0..n) = C * row_scale[r] + A B (row_scale null: C + A B), the
+// product summed on its own before it meets C (blocked summation: running
+// sums over every key or query row lose accuracy, docs/performance.md).
+// tmp [m, ldc] is scratch for the paths that stage the product. (row_scale
+// takes no part in deducing Acc, so that nullptr can stand for it.)
+template <typename Acc>
+inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs,
+                        const Acc* b, int64_t ldb, Acc* c, int64_t ldc,
+                        const typename std::remove_reference<Acc&>::type* row_scale, Acc* tmp) {
+  gemm_nn(m, n, k, a, a_rs, a_cs, b, ldb, tmp, ldc);
+  scale_add(m, n, row_scale, tmp, c, ldc);
+}
+#if FG_VEC_GEMM
+inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                        const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale, float*) {
+  gemm_f32<kGemmMr, kGemmVecs, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+}
+#endif
 
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols.
 template <typename Acc>

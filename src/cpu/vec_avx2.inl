@@ -17,6 +17,11 @@ inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
 inline VecF vzero_if_neg_inf(VecF v) {
   return _mm256_blendv_ps(v, vzero(), _mm256_cmp_ps(v, vbroadcast(-INFINITY), _CMP_EQ_OQ));
 }
+// s where lo <= pos <= hi, else -inf.
+inline VecF vneg_inf_outside(VecF s, VecF pos, VecF lo, VecF hi) {
+  const VecF out = _mm256_or_ps(_mm256_cmp_ps(pos, lo, _CMP_LT_OQ), _mm256_cmp_ps(pos, hi, _CMP_GT_OQ));
+  return _mm256_blendv_ps(s, vbroadcast(-INFINITY), out);
+}
 inline float vreduce_add(VecF v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -29,9 +34,11 @@ inline float vreduce_max(VecF v) {
 }
 
 // exp_f32 (vec.inl) lane-wise: same reduction, polynomial and special cases.
+// max and min return their second operand for a NaN, which so passes through
+// every step (the exponent bits of a NaN are garbage, the product NaN).
 inline VecF vexp(VecF x) {
   const VecF lo = vbroadcast(-87.3f);
-  const VecF xc = _mm256_min_ps(_mm256_max_ps(x, lo), vbroadcast(88.3f));
+  const VecF xc = _mm256_min_ps(vbroadcast(88.3f), _mm256_max_ps(lo, x));
   const VecF nf = _mm256_round_ps(vmul(xc, vbroadcast(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VecF r = _mm256_fnmadd_ps(nf, vbroadcast(0.693145751953125f), xc);
@@ -40,9 +47,7 @@ inline VecF vexp(VecF x) {
   for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
     p = vfma(p, r, vbroadcast(c));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
-  VecF y = vmul(p, _mm256_castsi256_ps(bits));
-  y = _mm256_blendv_ps(y, vzero(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
-  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
 }
 
 // 8 lanes of f32, bf16 or f16 bits (exact) as f32.
