@@ -22,7 +22,7 @@ int64_t sat_add(int64_t a, int64_t b) { return a > kHuge - b ? kHuge : a + b; }
 // Keep the working set of one tile step (Q, K, V, S, O tiles) near L2 size
 // (1 MiB per Zen 4 core): 64 x 64 tiles up to d = 128, shorter query tiles
 // beyond, so that d = 512 still fits. The forward (128 or 256 query rows)
-// and the backward (128 keys) widen them for d <= 128 below.
+// and the backward (128 or 256 keys) widen them for d <= 128 below.
 void choose_blocks(const AttnParams& p, TilePlan& t) {
   const int64_t d = std::max(p.head_dim, p.head_dim_v);
   t.block_k = 64;
@@ -34,6 +34,10 @@ void choose_blocks(const AttnParams& p, TilePlan& t) {
   t.bk_pad = round_up(t.block_k, kPad);
   t.threads = std::max(1, p.num_threads);
 }
+
+// Causal and window masks cut the tiles along a band: wider tiles there
+// mean more partial tiles, so they keep the narrower ones below.
+bool banded(const AttnParams& p) { return p.causal || p.window_left >= 0 || p.window_right >= 0; }
 
 // Lays out consecutive buffers, each rounded to kAlign bytes. Sizes saturate
 // at kHuge (absurd shapes in a workspace query), which no allocation meets.
@@ -56,8 +60,7 @@ TilePlan plan_forward(const AttnParams& p) {
   // K/V tile loads and transposes per FLOP (docs/performance.md): 128 rows,
   // and 256 where no band mask makes the diagonal tiles wider (f32, d = 128,
   // L = 2048, 2 threads, 10 interleaved pairs: 183 -> 210 GFLOP/s median).
-  const bool banded = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = banded ? 128 : 256;
+  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = banded(p) ? 128 : 256;
   t.group = p.heads_q / std::max<int64_t>(p.heads_kv, 1);
   t.head_rows = std::max<int64_t>(1, std::min(t.block_q / t.group, std::max<int64_t>(p.seqlen_q, 1)));
   t.block_q = t.group * t.head_rows;
@@ -109,10 +112,12 @@ TilePlan plan_backward(const AttnParams& p) {
   // 128-key tiles halve the Q and dO loads per FLOP of the dK/dV walk: 1
   // thread, both builds at once on the two cores, f32 L = 2048, medians:
   // d = 128 121.9 -> 130.8 GFLOP/s, d = 64 114.9 -> 124.5, causal d = 128
-  // 105.0 -> 113.7. (Before the single pass they measured slower.)
+  // 105.0 -> 113.7. (Before the single pass they measured slower.) 256 keys
+  // without a band, measured the same way: d = 64 131.0 -> 136.3, d = 128
+  // 130.2 -> 134.7; causal d = 64 117.0 -> 113.7, so not there.
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
-    t.block_k = 128;
-    t.bk_pad = 128;
+    t.block_k = banded(p) ? 128 : 256;
+    t.bk_pad = t.block_k;
   }
   Carver c{t.acc_bytes};
   auto& g = t.bwd;

@@ -12,7 +12,7 @@ namespace flashgrad {
 // always run full vector widths; the padding is zero-filled or ignored.
 constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
-constexpr int64_t kMaxBlockK = 128; // upper bound of TilePlan::block_k (stack buffers)
+constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
