@@ -83,12 +83,17 @@ const std::map<std::string, const char*> kUsage = {
      "usage: flashgrad measure --impl flashgrad|naive|none --seqlen L [--causal]\n"
      "                         [--batch B] [--heads H] [--head-dim D] [--threads T]\n"
      "                         [--dtype f32|bf16|f16|f64] [--min-time S] [--split]\n"
+     "                         [--paired-sgemm N]\n"
      "  Times forward+backward (naive: f32 only): one warmup call, then at least 3\n"
      "  calls and --min-time seconds (default 1); a warmup slower than that is\n"
      "  reported alone. Prints 'ms=<median> runs=<n> vmhwm=<bytes> flops=<n>'.\n"
      "  --split times forward and backward apart in every run (always at least 3\n"
-     "  runs) and adds fwd_ms, bwd_ms and fwd_bwd_ms. --impl none only allocates\n"
-     "  the tensors, for the memory floor.\n"},
+     "  runs) and adds fwd_ms, bwd_ms and fwd_bwd_ms. --paired-sgemm N (with\n"
+     "  --split) times an N x N OpenBLAS SGEMM before every run and adds\n"
+     "  sgemm_paired (its median, GFLOP/s) and fwd_over_sgemm, bwd_over_sgemm\n"
+     "  (medians of each run's rate over its own SGEMM); vmhwm then leaves out\n"
+     "  the SGEMM's memory. --impl none only allocates the tensors, for the\n"
+     "  memory floor.\n"},
     {"roofline",
      "usage: flashgrad roofline [--threads T] [--quick] [--json] [--probe]\n"
      "  The rates the sweep divides flashgrad's by: OpenBLAS SGEMM (n=2048, T threads\n"

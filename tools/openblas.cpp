@@ -1,13 +1,22 @@
 #include "openblas.hpp"
 
 #include <cblas.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "dispatch.hpp"
+#include "harness.hpp"
+#include "system.hpp"
 
 namespace flashgrad::tools {
 namespace {
@@ -48,6 +57,51 @@ std::string openblas_version() {
   std::string name, number;
   config >> name >> number;
   return name + " " + number;
+}
+
+Sgemm::Sgemm(int64_t n)
+    : n_(n),
+      a_(testing::uniform_floats(static_cast<size_t>(n * n), 1)),
+      b_(testing::uniform_floats(static_cast<size_t>(n * n), 2)),
+      c_(static_cast<size_t>(n * n)) {}
+
+void Sgemm::run() {
+  const int n = static_cast<int>(n_);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f, c_.data(),
+              n);
+}
+
+double Sgemm::gflops_now() {
+  settle();
+  run();
+  double best = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::max(best, flops() / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  settle();
+  return best / 1e9;
+}
+
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+void use_chosen_openblas_core(const char* command) {
+  const std::string core = choose_openblas_core().first;
+  if (openblas_core_is(core) || std::getenv("FLASHGRAD_OPENBLAS_RESTARTED")) return;
+  setenv("FLASHGRAD_OPENBLAS_RESTARTED", "1", 1);
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+  std::vector<char*> raw;
+  const std::string exe = self_executable();
+  raw.push_back(const_cast<char*>(exe.c_str()));
+  for (size_t i = 1; i < argv.size(); ++i) raw.push_back(argv[i].data());
+  raw.push_back(nullptr);
+  std::fflush(stdout);
+  execv(exe.c_str(), raw.data());
+  std::fprintf(stderr, "flashgrad %s: could not restart with OPENBLAS_CORETYPE=%s; measuring as is\n", command,
+               core.c_str());
 }
 
 }  // namespace flashgrad::tools

@@ -2,8 +2,10 @@
 // roofline, the sweep).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace flashgrad::tools {
 
@@ -18,7 +20,34 @@ std::pair<std::string, std::string> choose_openblas_core();
 // Whether this process's OpenBLAS runs the core named (case-insensitive).
 bool openblas_core_is(const std::string& core);
 
+// choose_openblas_core(), and when this process's OpenBLAS (which chose its
+// core as it loaded) runs another core, this command again as a new process
+// image that loads it with the chosen one (once: the core may be one OpenBLAS
+// cannot run). `command` names the command in the message if exec fails.
+void use_chosen_openblas_core(const char* command);
+
 // "OpenBLAS 0.3.21": the first two words of its configuration string.
 std::string openblas_version();
+
+// C = A B by cblas_sgemm on n x n operands made once: the f32 GEMM that
+// flashgrad's rates are divided by.
+class Sgemm {
+ public:
+  explicit Sgemm(int64_t n);
+  void run();
+  double flops() const { return 2.0 * static_cast<double>(n_) * static_cast<double>(n_) * static_cast<double>(n_); }
+  // GFLOP/s now: the faster of two calls after an untimed one, with a pause
+  // before and after, since OpenBLAS's workers (and the thread pool of
+  // whatever ran before) spin a little after a call; the pause keeps that
+  // out of these calls' time and of the next measurement's.
+  double gflops_now();
+
+ private:
+  int64_t n_;
+  std::vector<float> a_, b_, c_;
+};
+
+// Pause between measurements of different libraries (why: Sgemm::gflops_now).
+void settle();
 
 }  // namespace flashgrad::tools

@@ -78,21 +78,10 @@ double median_rate_small(const std::function<void()>& fn, double work, int batch
   return median(rates);
 }
 
-// OpenBLAS's worker threads and OpenMP's spin a little after a call; a pause
-// between measurements keeps one library's spinning out of the next one's time.
-void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
-
 double sgemm_gflops(int64_t n, int threads, int repeats) {
   openblas_set_num_threads(threads);
-  const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(n * n), 1),
-                           b = testing::uniform_floats(static_cast<size_t>(n * n), 2);
-  std::vector<float> c(static_cast<size_t>(n * n));
-  const int ni = static_cast<int>(n);
-  auto call = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(), ni, 0.0f,
-                c.data(), ni);
-  };
-  const double rate = median_rate(call, 2.0 * static_cast<double>(n * n * n), repeats) / 1e9;
+  Sgemm gemm(n);
+  const double rate = median_rate([&] { gemm.run(); }, gemm.flops(), repeats) / 1e9;
   settle();
   return rate;
 }
@@ -321,25 +310,6 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
                 static_cast<long long>(t.shape.n), t.openblas_gflops, rate_text(t.flashgrad_gflops).c_str());
 }
 
-// This process's OpenBLAS chose its core when it loaded; when choose_openblas_core()
-// has just set a better one for children, run this command again as one.
-void restart_with_core(const std::string& core) {
-  if (openblas_core_is(core) || std::getenv("FLASHGRAD_ROOFLINE_RESTARTED")) return;
-  setenv("FLASHGRAD_ROOFLINE_RESTARTED", "1", 1);  // once: the core may not be one OpenBLAS can run
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> argv;
-  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
-  std::vector<char*> raw;
-  const std::string exe = self_executable();
-  raw.push_back(const_cast<char*>(exe.c_str()));
-  for (size_t i = 1; i < argv.size(); ++i) raw.push_back(argv[i].data());
-  raw.push_back(nullptr);
-  std::fflush(stdout);
-  execv(exe.c_str(), raw.data());
-  std::fprintf(stderr, "flashgrad roofline: could not restart with OPENBLAS_CORETYPE=%s; measuring as is\n",
-               core.c_str());
-}
-
 }  // namespace
 
 int run_roofline(Args& args) {
@@ -350,8 +320,8 @@ int run_roofline(Args& args) {
   const bool probe = args.has("--probe");
   args.finish();
   s.repeats = s.quick ? 3 : 7;
+  use_chosen_openblas_core("roofline");
   const auto [core, core_origin] = choose_openblas_core();
-  restart_with_core(core);
 
   if (probe) {  // SGEMM alone, briefly: how fast the machine is right now
     std::printf("{\"sgemm_gflops\": %.6g}\n", sgemm_gflops(s.gemm_n, s.threads, 3));

@@ -28,6 +28,8 @@
 namespace flashgrad::tools::sweep {
 
 constexpr int64_t kBatch = 1, kHeads = 8;
+// The SGEMM size of the machine's rates, and of the one timed before each flashgrad run.
+constexpr int64_t kPairedSgemmN = 2048;
 
 struct Settings {
   std::filesystem::path out_dir;
@@ -94,6 +96,9 @@ struct Config {
 struct Timing {
   bool present = false;
   double fwd_ms = 0, bwd_ms = 0, fwd_bwd_ms = 0;  // medians; fwd_bwd: of each run's sum
+  // flashgrad only: an SGEMM timed before each run (its median, GFLOP/s) and
+  // the medians of each run's forward and backward rate over it; NaN if none.
+  double sgemm_paired = std::nan(""), fwd_over_sgemm = std::nan(""), bwd_over_sgemm = std::nan("");
   int64_t runs = 0;
   int64_t peak_bytes = 0;  // the child's VmHWM (ru_maxrss if it printed none)
   double wall_s = 0;       // the whole child

@@ -47,6 +47,9 @@ std::string timing_json(const GridRow& r, const Timing& t, double gemm, double b
       .add("bwd_ratio_to_gemm", bwd_rate(r, t) / gemm)
       .add("fwd_bwd_ratio_to_gemm", both_rate(r, t) / gemm)
       .add("fwd_bwd_ratio_to_best_gemm", both_rate(r, t) / best)
+      .add("sgemm_paired_gflops", t.sgemm_paired)
+      .add("fwd_ratio_to_paired_sgemm", t.fwd_over_sgemm)
+      .add("bwd_ratio_to_paired_sgemm", t.bwd_over_sgemm)
       .str();
 }
 
@@ -216,23 +219,28 @@ void grid_gemm_section(std::ostringstream& md, const Sweep& s) {
      << "Rates under the FLOP convention (forward 4·B·Hq·Lq·Lk·d, halved when causal; backward 2.5x forward), "
      << "divided by SGEMM for f32 and by the bf16 GEMM for bf16 (/ GEMM), and by the fastest matmul measured at "
         "all, "
-     << num(s.machine.best_gemm_gflops()) << " GFLOP/s (/ best). B = 1, Hq = Hkv = 8.\n\n"
+     << num(s.machine.best_gemm_gflops()) << " GFLOP/s (/ best). B = 1, Hq = Hkv = 8. "
+     << "The last three columns pair each run with an SGEMM (n = " << kPairedSgemmN
+     << ", the same call as the machine's rate) timed just before it: the SGEMM's median over the runs, and the "
+        "medians of each run's forward and backward rate over its own SGEMM (for bf16 too), so that the machine's "
+        "drift during the sweep cancels.\n\n"
      << "| L | dtype | d | mask | fwd ms | bwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s "
-        "| fwd / GEMM | bwd / GEMM | fwd+bwd / GEMM | fwd+bwd / best |\n"
-     << "|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| fwd / GEMM | bwd / GEMM | fwd+bwd / GEMM | fwd+bwd / best | paired SGEMM | fwd / paired | bwd / paired |\n"
+     << "|---:|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const GridRow& r : s.grid) {
     md << "| " << r.c.seqlen << " | " << dtype_name(r.c.dtype) << " | " << r.c.head_dim << " | "
        << (r.c.causal ? "causal" : "full") << " | ";
     const Timing& t = r.flash;
     if (!t.present) {
-      md << t.note << " | | | | | | | | | |\n";
+      md << t.note << " | | | | | | | | | | | | |\n";
       continue;
     }
     const double g = s.machine.gemm_gflops(r.c.dtype);
     md << ms(t.fwd_ms) << " | " << ms(t.bwd_ms) << " | " << ms(t.fwd_bwd_ms) << " | " << num(fwd_rate(r, t)) << " | "
        << num(bwd_rate(r, t)) << " | " << num(both_rate(r, t)) << " | " << num(fwd_rate(r, t) / g, "%.2f") << " | "
        << num(bwd_rate(r, t) / g, "%.2f") << " | " << num(both_rate(r, t) / g, "%.2f") << " | "
-       << num(both_rate(r, t) / s.machine.best_gemm_gflops(), "%.2f") << " |\n";
+       << num(both_rate(r, t) / s.machine.best_gemm_gflops(), "%.2f") << " | " << num(t.sgemm_paired, "%.0f")
+       << " | " << num(t.fwd_over_sgemm, "%.2f") << " | " << num(t.bwd_over_sgemm, "%.2f") << " |\n";
   }
   md << "\n";
 }
@@ -357,6 +365,11 @@ std::string sweep_markdown(const Sweep& s) {
      << " s of them (at most 20), forward and backward timed apart in each run; fwd+bwd is the median of each run's "
         "sum. Peak memory is the child's VmHWM, which it reports at its end (its own high-water mark since exec; "
         "ru_maxrss would also count the forked copy of the sweep's process).\n"
+     << "- The paired columns come from a second child per flashgrad configuration (`--paired-sgemm " << kPairedSgemmN
+     << "`), whose runs each follow an SGEMM: the faster of two calls after an untimed one, with 100 ms pauses "
+        "around them so that neither library's spinning threads slow the other, then one untimed flashgrad call "
+        "when a run is short; each run's rate is divided by its own SGEMM and the median taken. The other "
+        "columns (times, peak memory) come from the first child, which runs no SGEMM.\n"
      << "- A peer is skipped at a length where its time (4x the previous length's) would pass the "
      << format("%.0f", s.settings.budget_s) << " s budget, or its memory (extrapolated the same way) "
         "would pass 80% of MemAvailable.\n"
