@@ -133,7 +133,8 @@ struct Overhead {
 // Threads against one thread.
 struct Scaling {
   int64_t seqlen = 0, head_dim = 0;
-  double fwd_ms_1 = 0, fwd_ms_n = 0, bwd_ms_1 = 0, bwd_ms_n = 0;
+  double fwd_ms_1 = 0, fwd_ms_n = 0, bwd_ms_1 = 0, bwd_ms_n = 0;  // medians
+  double fwd_speedup = 0, bwd_speedup = 0;  // medians of each round's 1-thread time over its n-thread time
 };
 
 struct Check {

@@ -181,6 +181,29 @@ void run_overhead(Sweep& s) {
 
 // --- threads against one thread -------------------------------------------------------------
 
+// One call with 1 thread, then one with `threads`, round after round (at
+// least 3 and min_time s), so that the machine's drift hits both alike:
+// their median ms and the median of each round's ratio.
+struct ThreadPair {
+  double ms_1, ms_n, speedup;
+};
+ThreadPair time_thread_pair(const std::function<void()>& fn, int& num_threads, int threads, double min_time) {
+  std::vector<double> one, many, ratio;
+  double total = 0;
+  for (int round = -1; round < 3 || (total < min_time && round < 200); ++round) {
+    num_threads = 1;
+    const double t1 = time_calls(fn, 0, 1).front();
+    num_threads = threads;
+    const double tn = time_calls(fn, 0, 1).front();
+    if (round < 0) continue;  // warm-up
+    one.push_back(t1);
+    many.push_back(tn);
+    ratio.push_back(t1 / tn);
+    total += t1 + tn;
+  }
+  return {1e3 * median(one), 1e3 * median(many), median(ratio)};
+}
+
 void run_scaling(Sweep& s) {
   const int threads = threads_of(s);
   const std::vector<int64_t> lengths = s.settings.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 4096};
@@ -200,17 +223,19 @@ void run_scaling(Sweep& s) {
       auto fwd = [&] { forward(opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
       auto bwd = [&] { backward(opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g); };
       Scaling r{seqlen, d};
-      const double min_time = s.settings.quick ? 0.05 : 0.5;
-      opts.num_threads = 1;
-      r.fwd_ms_1 = 1e3 * median_call(fwd, 3, min_time);
-      r.bwd_ms_1 = 1e3 * median_call(bwd, 3, min_time);
-      opts.num_threads = threads;
-      r.fwd_ms_n = 1e3 * median_call(fwd, 3, min_time);
-      r.bwd_ms_n = 1e3 * median_call(bwd, 3, min_time);
+      const double min_time = s.settings.quick ? 0.1 : 1.0;
+      const ThreadPair f = time_thread_pair(fwd, opts.num_threads, threads, min_time);
+      const ThreadPair b = time_thread_pair(bwd, opts.num_threads, threads, min_time);
+      r.fwd_ms_1 = f.ms_1;
+      r.fwd_ms_n = f.ms_n;
+      r.fwd_speedup = f.speedup;
+      r.bwd_ms_1 = b.ms_1;
+      r.bwd_ms_n = b.ms_n;
+      r.bwd_speedup = b.speedup;
       s.scaling.push_back(r);
       std::printf("  %6lld %4lld %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx\n", static_cast<long long>(seqlen),
-                  static_cast<long long>(d), r.fwd_ms_1, r.fwd_ms_n, r.fwd_ms_1 / r.fwd_ms_n, r.bwd_ms_1, r.bwd_ms_n,
-                  r.bwd_ms_1 / r.bwd_ms_n);
+                  static_cast<long long>(d), r.fwd_ms_1, r.fwd_ms_n, r.fwd_speedup, r.bwd_ms_1, r.bwd_ms_n,
+                  r.bwd_speedup);
       std::fflush(stdout);
     }
 }
