@@ -22,9 +22,7 @@ template <typename T, typename Acc>
 void load_query_block(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
                       const Acc* delta_all, QueryBlock<Acc>& qb) {
   const int64_t q0 = p.q_start(ctx.b) + qb.i0;
-  load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q);
-  const Acc scale = static_cast<Acc>(p.scale);
-  for (int64_t x = 0; x < qb.mq * plan.dqk_pad; ++x) qb.q[x] *= scale;
+  load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q, static_cast<Acc>(p.scale));
   load_tile<T>(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, plan.dv_pad, qb.dout);
   const Acc* delta = delta_all + (ctx.b * p.heads_q + ctx.h) * p.seqlen_q + qb.i0;
   for (int64_t r = 0; r < qb.mq; ++r) {

@@ -13,13 +13,13 @@ struct Slice {
   int64_t* idx(int64_t off) const { return reinterpret_cast<int64_t*>(base + off); }
 };
 
-// Loads rows [r0, r0 + n) of head h of operand o as a row-major [n, pad] tile.
+// Loads rows [r0, r0 + n) of head h of operand o, times mul, as a row-major [n, pad] tile.
 template <typename T, typename Acc>
 void load_tile(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim,
-               int64_t pad, Acc* dst) {
+               int64_t pad, Acc* dst, Acc mul = Acc(1)) {
   const T* base = static_cast<const T*>(o.data);
   for (int64_t r = 0; r < n; ++r)
-    load_row(base + row_offset(o, b, seq0 + r, h), o.dim_stride, dim, pad, dst + r * pad);
+    load_row(base + row_offset(o, b, seq0 + r, h), o.dim_stride, dim, pad, dst + r * pad, mul);
 }
 
 // Asks for one cache line in L2. Inline asm on x86 because GCC 12 deletes a
@@ -101,8 +101,7 @@ struct AccTiles {
   // Rows [seq0, seq0 + n) of head h of q, times scale, into dst ([n, ld]).
   static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
                      Acc scale, Acc* dst) {
-    load_tile<T>(q, b, seq0, h, n, d, ld, dst);
-    for (int64_t x = 0; x < n * ld; ++x) dst[x] *= scale;
+    load_tile<T>(q, b, seq0, h, n, d, ld, dst, scale);
   }
   // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v (or v_rows).
   void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, Acc* kt,
@@ -356,11 +355,14 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // Tiles the causal or window ranges cut take keys-major scores too when
   // nothing else masks and key indices stay exact in f32.
   const bool keys_major_ranged = keys_major && !p.mask.data && lk < (int64_t{1} << 24);
-  if (keys_major) {  // Q^T [dqk_pad, ms] per K/V head, zero past row mq
-    for (int64_t x = 0; x < nh; ++x)
+  if (keys_major) {  // Q^T [dqk_pad, ms] per K/V head, zero past row mq; 16-row blocks in registers
+    const int64_t r0 = mq / 16 * 16;
+    for (int64_t x = 0; x < nh; ++x) {
+      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * ms, ms);
       for (int64_t c = 0; c < plan.dqk_pad; ++c)
-        for (int64_t r = 0; r < ms; ++r)
+        for (int64_t r = r0; r < ms; ++r)
           qt[(x * plan.dqk_pad + c) * ms + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
+    }
     for (int64_t r = 0; r < ms; ++r) {  // padding columns see no key
       lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
       hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
@@ -452,8 +454,11 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const Slice<Acc> shared{base + per_thread * plan.threads};
   const int64_t splits = plan.splits;
   const int64_t head_runs = p.heads_kv / plan.kv_heads;
+  // Threads claim tasks in order; under a causal mask later query blocks
+  // see more keys, so each head's blocks go last to first and the short
+  // ones even out where the threads finish.
   parallel_for(p.batch * head_runs * nqb * splits, plan.threads, [&](int64_t task, int thread) {
-    const int64_t sp = task % splits, qb = task / splits % nqb, bh = task / splits / nqb;
+    const int64_t sp = task % splits, qb = nqb - 1 - task / splits % nqb, bh = task / splits / nqb;
     forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
                                 Slice<Acc>{base + thread * per_thread}, shared);
   });

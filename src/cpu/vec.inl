@@ -83,13 +83,14 @@ inline VecF vload_as(const f16_t* p) { return vload_f16(&p->bits); }
 template <> inline bf16_t from_acc<bf16_t>(double x) { return bf16_from(static_cast<float>(x)); }
 template <> inline f16_t from_acc<f16_t>(double x) { return f16_from(static_cast<float>(x)); }
 
-// dst[0..n) = src[0, stride, ..., (n-1) * stride] converted to Acc; dst[n..pad) = 0.
+// dst[0..n) = src[0, stride, ..., (n-1) * stride] converted to Acc, times
+// mul; dst[n..pad) = 0.
 template <typename T, typename Acc>
-inline void load_row(const T* src, int64_t stride, int64_t n, int64_t pad, Acc* dst) {
+inline void load_row(const T* src, int64_t stride, int64_t n, int64_t pad, Acc* dst, Acc mul = Acc(1)) {
   if (stride == 1) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i]));
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i])) * mul;
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i * stride]));
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Acc>(to_float(src[i * stride])) * mul;
   }
   for (int64_t i = n; i < pad; ++i) dst[i] = Acc(0);
 }
