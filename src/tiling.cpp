@@ -79,10 +79,11 @@ TilePlan plan_forward(const AttnParams& p) {
   const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
   const int64_t rows_pad = sat_mul(t.kv_heads, round_up(t.block_q, kPad));
   f.q = c.take(sat_mul(rows, t.dqk_pad));
-  f.qt = c.take(sat_mul(rows_pad, t.dqk_pad));
+  const int64_t km_ld = keys_major_ld(round_up(t.block_q, kPad));
+  f.qt = c.take(sat_mul({t.kv_heads, km_ld, t.dqk_pad}));
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
-  f.s = c.take(sat_mul(round_up(t.block_q, kPad), t.bk_pad));
+  f.s = c.take(std::max(sat_mul(round_up(t.block_q, kPad), t.bk_pad), sat_mul(t.bk_pad, km_ld)));
   f.o = c.take(sat_mul(rows, t.dv_pad));
   f.pv = c.take(sat_mul(t.block_q, t.dv_pad));
   f.stage = c.take(t.bk_pad * t.dqk_pad);

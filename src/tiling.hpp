@@ -14,6 +14,12 @@ constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
 
+// Row stride of the forward's keys-major tiles (Q^T, S^T) of ms columns: 16
+// elements (a 64-byte line in f32) past ms, so that the rows of one column
+// spread over the L1's sets; a stride of 1 KiB (ms = 256) put 64 rows in 4
+// sets of 12 ways.
+constexpr int64_t keys_major_ld(int64_t ms) { return ms + 16; }
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 

@@ -286,13 +286,14 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
   lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
 }
 
-// One tile, keys-major: S^T [nj, ms] into st, the softmax step on m, l and
+// One tile, keys-major: S^T [nj, ms] (row stride mld) into st, the softmax step on m, l and
 // alpha ([ms]) with keys j0.. (sequence-relative) outside [lo, hi] masked (lo
 // null: a full tile), and o [mq, dv_pad] = o * alpha + P V. K rows are read
 // in place when they are contiguous f32, else converted into stage.
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                     int64_t mq, const Acc* qt, int64_t ms, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l, Acc* alpha,
+                     int64_t mq, const Acc* qt, int64_t ms, int64_t mld, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l,
+                     Acc* alpha,
                      Acc* o, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
@@ -305,13 +306,14 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
       load_tile<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage);
     }
     load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
-    gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, ms, st, ms);
-    softmax_cols(st, nj, ms, m, l, alpha, lo, hi, static_cast<float>(j0));
-    gemm_nn_acc(mq, plan.dv_pad, nj, st, 1, ms, v, plan.dv_pad, o, plan.dv_pad, alpha, nullptr);
+    gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
+    softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
+    gemm_nn_acc(mq, plan.dv_pad, nj, st, 1, mld, v, plan.dv_pad, o, plan.dv_pad, alpha, nullptr);
     return;
   }
 #endif
-  (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)v, (void)stage;
+  (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)mld, (void)v,
+  (void)stage;
   (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0;
 }
 
@@ -326,6 +328,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const int64_t d = p.head_dim;
   const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
   const int64_t ms = round_up(mq, kPad);  // stride of m, l and alpha per K/V head; columns of Q^T
+  const int64_t mld = keys_major_ld(ms);   // row stride of Q^T and S^T
   const auto& L = plan.fwd;
   // Per K/V head x: its rows of q and o start at x * mq rows, of m, l and alpha at x * ms.
   Acc *q = ws.at(L.q), *qt = ws.at(L.qt), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
@@ -358,10 +361,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   if (keys_major) {  // Q^T [dqk_pad, ms] per K/V head, zero past row mq; 16-row blocks in registers
     const int64_t r0 = mq / 16 * 16;
     for (int64_t x = 0; x < nh; ++x) {
-      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * ms, ms);
+      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * mld, mld);
       for (int64_t c = 0; c < plan.dqk_pad; ++c)
         for (int64_t r = r0; r < ms; ++r)
-          qt[(x * plan.dqk_pad + c) * ms + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
+          qt[(x * plan.dqk_pad + c) * mld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
     }
     for (int64_t r = 0; r < ms; ++r) {  // padding columns see no key
       lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
@@ -385,7 +388,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       // one, it measured 2% slower (f32, d = 128, L = 4096, 1 thread).
       if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
         const bool cut = kind == TileKind::partial;
-        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qt + x * plan.dqk_pad * ms, ms, v, stage, s, mx_, lx,
+        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qt + x * plan.dqk_pad * mld, ms, mld, v, stage, s, mx_, lx,
                            ax, ox, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
         continue;
       }

@@ -32,15 +32,16 @@ inline float exp_row(float* s, int64_t n, float m) {
 }
 
 #if FG_VEC_GEMM
-// One online-softmax step on a keys-major tile st [nj, ld] (key j in row j,
-// query row r in column r; ld a multiple of kLanes), kLanes query rows at a
-// time: m, l and alpha [ld] are the rows' running max, running sum and this
-// step's rescale, as row_max and exp_row give them for one row. With lo and
-// hi ([ld], null for a full tile), key j0 + j counts for row r only in
-// [lo[r], hi[r]] (the causal and window ranges as floats, exact below 2^24).
-inline void softmax_cols(float* st, int64_t nj, int64_t ld, float* m, float* l, float* alpha,
+// One online-softmax step on a keys-major tile st [nj, cols] (key j in row j
+// at st + j * ld, query row r in column r; cols and ld multiples of kLanes),
+// kLanes query rows at a time: m, l and alpha [cols] are the rows' running
+// max, running sum and this step's rescale, as row_max and exp_row give them
+// for one row. With lo and hi ([cols], null for a full tile), key j0 + j
+// counts for row r only in [lo[r], hi[r]] (the causal and window ranges as
+// floats, exact below 2^24).
+inline void softmax_cols(float* st, int64_t nj, int64_t cols, int64_t ld, float* m, float* l, float* alpha,
                          const float* lo = nullptr, const float* hi = nullptr, float j0 = 0) {
-  for (int64_t c = 0; c < ld; c += kLanes) {
+  for (int64_t c = 0; c < cols; c += kLanes) {
     const VecF m_old = vload(m + c);
     const VecF lv = lo ? vload(lo + c) : vzero(), hv = lo ? vload(hi + c) : vzero();
     // Four max chains: one chain waited on vmaxps's latency (4% of the
