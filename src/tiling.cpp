@@ -79,7 +79,7 @@ TilePlan plan_forward(const AttnParams& p) {
   const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
   const int64_t rows_pad = sat_mul(t.kv_heads, round_up(t.block_q, kPad));
   f.q = c.take(sat_mul(rows, t.dqk_pad));
-  const int64_t km_ld = keys_major_ld(round_up(t.block_q, kPad));
+  const int64_t km_ld = tile_ld(round_up(t.block_q, kPad));
   f.qt = c.take(sat_mul({t.kv_heads, km_ld, t.dqk_pad}));
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
@@ -124,14 +124,15 @@ TilePlan plan_backward(const AttnParams& p) {
   auto& g = t.bwd;
   const int64_t bq = t.block_q, bk = t.block_k;
   const int64_t bkp = t.bk_pad;
+  t.bk_ld = tile_ld(bkp);
   g.k = c.take(bkp * t.dqk_pad);
-  g.kt = c.take(t.dqk_pad * bkp);
-  g.vt = c.take(t.dv_pad * bkp);
+  g.kt = c.take(t.dqk_pad * t.bk_ld);
+  g.vt = c.take(t.dv_pad * t.bk_ld);
   g.q = c.take(bq * t.dqk_pad);
   g.dout = c.take(bq * t.dv_pad);
-  g.s = c.take(bq * bkp);
-  g.dp = c.take(bq * bkp);
-  g.t = c.take(bq * bkp);
+  g.s = c.take(bq * t.bk_ld);
+  g.dp = c.take(bq * t.bk_ld);
+  g.t = c.take(bq * t.bk_ld);
   g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
   g.acc_b = c.take(bk * t.dv_pad);
   g.tmp = c.take(std::max(bkp, bq) * std::max(t.dqk_pad, t.dv_pad));

@@ -14,11 +14,12 @@ constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
 
-// Row stride of the forward's keys-major tiles (Q^T, S^T) of ms columns: 16
-// elements (a 64-byte line in f32) past ms, so that the rows of one column
-// spread over the L1's sets; a stride of 1 KiB (ms = 256) put 64 rows in 4
+// Row stride of tiles of n columns whose columns the tile products walk down
+// (the forward's keys-major Q^T and S^T, the backward's K^T, V^T, S and dP):
+// 16 elements (a 64-byte line in f32) past n, so that the rows of one column
+// spread over the L1's sets; a stride of 1 KiB (n = 256) put 64 rows in 4
 // sets of 12 ways.
-constexpr int64_t keys_major_ld(int64_t ms) { return ms + 16; }
+constexpr int64_t tile_ld(int64_t n) { return n + 16; }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
@@ -35,10 +36,10 @@ struct ForwardScratch {
 };
 struct BackwardScratch {
   // The dK/dV pass (a task owns a key block) and the dQ pass (a task owns a
-  // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles; acc_a
-  // holds dK or dQ, acc_b holds dV.
-  // tmp receives each tile product before it is added to acc_a/acc_b: blocked
-  // summation, whose rounding error grows with seqlen / block instead of seqlen.
+  // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles and
+  // kt/vt [d, bk_pad], all with row stride TilePlan::bk_ld; acc_a holds dK or
+  // dQ, acc_b holds dV. tmp stages rows for transposes, and the tile products
+  // of paths without an accumulating epilogue (gemm_nn_acc).
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
   int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
 };
@@ -66,6 +67,7 @@ struct TilePlan {
   int64_t dv_pad = 0;   ///< head_dim_v padded to kPad
   int64_t bq_pad = 0;
   int64_t bk_pad = 0;
+  int64_t bk_ld = 0;    ///< backward: row stride of its [*, bk_pad] tiles, tile_ld(bk_pad)
   int64_t acc_bytes = 4;  ///< 8 for f64 storage
   int threads = 1;
   bool fused = false;     ///< backward: single pass (backward.inl)

@@ -40,19 +40,20 @@ inline void add_row(const Acc* src, int64_t n, D* dst, int64_t stride) {
 
 // One (query block, key block) step. In: qb, kt [d, bk_pad], vt [dv, bk_pad].
 // Out: s = dropout(P) and dp = dS (w.r.t. the pre-softcap score), both
-// [mq, bk_pad]. dS before the softcap factor is added into dbias_rows if given.
+// [mq, bk_pad]. All four have row stride bk_ld. dS before the softcap factor
+// is added into dbias_rows if given.
 template <typename Acc>
 void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
                const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
                const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
-  const int64_t lds = plan.bk_pad;
-  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt, lds, s, lds);
-  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, lds, dp, lds);
+  const int64_t lds = plan.bk_pad, ld = plan.bk_ld;
+  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt, ld, s, ld);
+  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, ld, dp, ld);
   const bool capped = ctx.softcap > 0;
   const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
   uint8_t keep[kMaxBlockK];
   for (int64_t r = 0; r < qb.mq; ++r) {
-    Acc *srow = s + r * lds, *dprow = dp + r * lds, *trow = t + r * lds;
+    Acc *srow = s + r * ld, *dprow = dp + r * ld, *trow = t + r * ld;
     ctx.logits_row(qb.i0 + r, j0, nj, qb.lo[r], qb.hi[r], partial, srow, capped ? trow : nullptr);
     for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
     if (ctx.rng.active) {
@@ -131,11 +132,11 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   if (dq_acc) {  // K row-major for dQ += dS K, and its transpose for S = Q K^T
     load_tile<T>(p.k, b, k0, hk, nj, p.head_dim, ldq, k);
     for (int64_t x = nj * ldq; x < plan.bk_pad * ldq; ++x) k[x] = Acc(0);
-    transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_pad);
+    transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_ld);
   } else {
-    load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, kt, tmp);
+    load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_ld, kt, tmp);
   }
-  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, vt, tmp);
+  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, plan.bk_ld, vt, tmp);
   for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
   for (int64_t x = 0; x < nj * ldv; ++x) dv[x] = Acc(0);
 
@@ -156,10 +157,10 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
       tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
-      gemm_nn_acc(nj, ldv, qb.mq, s, 1, plan.bk_pad, qb.dout, ldv, dv, ldv, nullptr, tmp);  // dV += P^T dO
-      gemm_nn_acc(nj, ldq, qb.mq, dp, 1, plan.bk_pad, qb.q, ldq, dk, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
+      gemm_nn_acc(nj, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv, ldv, nullptr, tmp);  // dV += P^T dO
+      gemm_nn_acc(nj, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
       if (dq_acc) {
-        gemm_nn_acc(qb.mq, ldq, nj, dp, plan.bk_pad, 1, k, ldq,  // dQ += dS K
+        gemm_nn_acc(qb.mq, ldq, nj, dp, plan.bk_ld, 1, k, ldq,  // dQ += dS K
                          dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
       }
     }
@@ -179,7 +180,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
   const int64_t i0 = qblk * plan.block_q;
   if (i0 >= ctx.lq) return;
   QueryBlock<Acc> qb = query_block_buffers(plan, ws, i0, std::min(plan.block_q, ctx.lq - i0));
-  const int64_t ldq = plan.dqk_pad, lds = plan.bk_pad;
+  const int64_t ldq = plan.dqk_pad, lds = plan.bk_pad, ld = plan.bk_ld;
   const auto& L = plan.bwd;
   Acc *k = ws.at(L.k), *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp);
   Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a), *tmp = ws.at(L.tmp);
@@ -202,10 +203,10 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
     load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
     for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
-    transpose(lds, ldq, k, ldq, kt, lds);
-    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, vt, tmp);
+    transpose(lds, ldq, k, ldq, kt, ld);
+    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
     tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn_acc(qb.mq, ldq, nj, dp, lds, 1, k, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
+    gemm_nn_acc(qb.mq, ldq, nj, dp, ld, 1, k, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
   }
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < qb.mq; ++r)

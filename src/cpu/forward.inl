@@ -51,15 +51,15 @@ void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t
 }
 
 // Loads the same rows transposed: dst[c * ld + r] for c < round_up(dim, kPad),
-// r < ld, zero where r >= n or c >= dim. Contiguous rows needing no padding
+// r < w (<= ld), zero where r >= n or c >= dim. Contiguous rows needing no padding
 // are converted and transposed in register blocks straight from their place
 // (decode f32 Lk = 128k: K+V read 16.5 -> 18.9 GB/s); the others, and
 // the last n mod kTransposeBlock rows, are staged contiguously in stage
-// ([ld, round_up(dim, kPad)]) first. (Scattering strided stores instead cost
+// ([w, round_up(dim, kPad)]) first. (Scattering strided stores instead cost
 // ~20% of the forward at d = 128.)
 template <typename T, typename Acc>
 void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim,
-                 int64_t ld, Acc* dst, Acc* stage) {
+                 int64_t w, int64_t ld, Acc* dst, Acc* stage) {
   const int64_t pad = round_up(dim, kPad);
   int64_t r0 = 0;
 #if FG_VEC_GEMM
@@ -71,8 +71,8 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
   }
 #endif
   load_tile<T>(o, b, seq0 + r0, h, n - r0, dim, pad, stage);
-  for (int64_t x = (n - r0) * pad; x < (ld - r0) * pad; ++x) stage[x] = Acc(0);
-  transpose(ld - r0, pad, stage, pad, dst + r0, ld);
+  for (int64_t x = (n - r0) * pad; x < (w - r0) * pad; ++x) stage[x] = Acc(0);
+  transpose(w - r0, pad, stage, pad, dst + r0, ld);
 }
 
 // The forward's two tile products and the tile layouts they read, in Acc
@@ -106,7 +106,7 @@ struct AccTiles {
   // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v (or v_rows).
   void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, Acc* kt,
                Acc* v, Acc* stage) {
-    load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, kt, stage);
+    load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
     if (!v_in_place) return load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
     v_rows = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
     v_ld = p.v.seq_stride;
@@ -328,7 +328,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const int64_t d = p.head_dim;
   const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
   const int64_t ms = round_up(mq, kPad);  // stride of m, l and alpha per K/V head; columns of Q^T
-  const int64_t mld = keys_major_ld(ms);   // row stride of Q^T and S^T
+  const int64_t mld = tile_ld(ms);   // row stride of Q^T and S^T
   const auto& L = plan.fwd;
   // Per K/V head x: its rows of q and o start at x * mq rows, of m, l and alpha at x * ms.
   Acc *q = ws.at(L.q), *qt = ws.at(L.qt), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
