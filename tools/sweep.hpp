@@ -131,10 +131,16 @@ struct Overhead {
 };
 
 // Threads against one thread.
+// One pass timed with 1 thread and with n in turn, one call each per round:
+// the median ms of each, and the median of each round's 1-thread time over
+// its n-thread time.
+struct ThreadPair {
+  double ms_1 = 0, ms_n = 0, speedup = 0;
+};
+
 struct Scaling {
   int64_t seqlen = 0, head_dim = 0;
-  double fwd_ms_1 = 0, fwd_ms_n = 0, bwd_ms_1 = 0, bwd_ms_n = 0;  // medians
-  double fwd_speedup = 0, bwd_speedup = 0;  // medians of each round's 1-thread time over its n-thread time
+  ThreadPair fwd, bwd;
 };
 
 struct Check {

@@ -182,11 +182,7 @@ void run_overhead(Sweep& s) {
 // --- threads against one thread -------------------------------------------------------------
 
 // One call with 1 thread, then one with `threads`, round after round (at
-// least 3 and min_time s), so that the machine's drift hits both alike:
-// their median ms and the median of each round's ratio.
-struct ThreadPair {
-  double ms_1, ms_n, speedup;
-};
+// least 3 and min_time s), so that the machine's drift hits both alike.
 ThreadPair time_thread_pair(const std::function<void()>& fn, int& num_threads, int threads, double min_time) {
   std::vector<double> one, many, ratio;
   double total = 0;
@@ -222,20 +218,13 @@ void run_scaling(Sweep& s) {
       Options opts = p.opts;
       auto fwd = [&] { forward(opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
       auto bwd = [&] { backward(opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g); };
-      Scaling r{seqlen, d};
       const double min_time = s.settings.quick ? 0.1 : 1.0;
-      const ThreadPair f = time_thread_pair(fwd, opts.num_threads, threads, min_time);
-      const ThreadPair b = time_thread_pair(bwd, opts.num_threads, threads, min_time);
-      r.fwd_ms_1 = f.ms_1;
-      r.fwd_ms_n = f.ms_n;
-      r.fwd_speedup = f.speedup;
-      r.bwd_ms_1 = b.ms_1;
-      r.bwd_ms_n = b.ms_n;
-      r.bwd_speedup = b.speedup;
+      const Scaling r{seqlen, d, time_thread_pair(fwd, opts.num_threads, threads, min_time),
+                      time_thread_pair(bwd, opts.num_threads, threads, min_time)};
       s.scaling.push_back(r);
       std::printf("  %6lld %4lld %10.1f %10.1f %7.2fx %10.1f %10.1f %7.2fx\n", static_cast<long long>(seqlen),
-                  static_cast<long long>(d), r.fwd_ms_1, r.fwd_ms_n, r.fwd_speedup, r.bwd_ms_1, r.bwd_ms_n,
-                  r.bwd_speedup);
+                  static_cast<long long>(d), r.fwd.ms_1, r.fwd.ms_n, r.fwd.speedup, r.bwd.ms_1, r.bwd.ms_n,
+                  r.bwd.speedup);
       std::fflush(stdout);
     }
 }

@@ -117,12 +117,12 @@ std::string extras_json(const Sweep& s, std::string* overhead, std::string* scal
     items.push_back(Json()
                         .add("seqlen", x.seqlen)
                         .add("head_dim", x.head_dim)
-                        .add("fwd_ms_1thread", x.fwd_ms_1)
-                        .add("fwd_ms", x.fwd_ms_n)
-                        .add("bwd_ms_1thread", x.bwd_ms_1)
-                        .add("bwd_ms", x.bwd_ms_n)
-                        .add("fwd_speedup", x.fwd_speedup)
-                        .add("bwd_speedup", x.bwd_speedup)
+                        .add("fwd_ms_1thread", x.fwd.ms_1)
+                        .add("fwd_ms", x.fwd.ms_n)
+                        .add("bwd_ms_1thread", x.bwd.ms_1)
+                        .add("bwd_ms", x.bwd.ms_n)
+                        .add("fwd_speedup", x.fwd.speedup)
+                        .add("bwd_speedup", x.bwd.speedup)
                         .str());
   *scaling = Json::array(items);
   return queries;
@@ -320,9 +320,9 @@ void extras_section(std::ostringstream& md, const Sweep& s) {
      << "| L | d | fwd, 1 thread | fwd | speedup | bwd, 1 thread | bwd | speedup |\n"
      << "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Scaling& x : s.scaling)
-    md << "| " << x.seqlen << " | " << x.head_dim << " | " << ms(x.fwd_ms_1) << " | " << ms(x.fwd_ms_n) << " | "
-       << times(x.fwd_speedup) << " | " << ms(x.bwd_ms_1) << " | " << ms(x.bwd_ms_n) << " | "
-       << times(x.bwd_speedup) << " |\n";
+    md << "| " << x.seqlen << " | " << x.head_dim << " | " << ms(x.fwd.ms_1) << " | " << ms(x.fwd.ms_n) << " | "
+       << times(x.fwd.speedup) << " | " << ms(x.bwd.ms_1) << " | " << ms(x.bwd.ms_n) << " | "
+       << times(x.bwd.speedup) << " |\n";
   md << "\n";
 }
 
