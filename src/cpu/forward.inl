@@ -121,7 +121,7 @@ struct AccTiles {
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value)
       if (v_in_place)
-        return gemm_f32<kGemmMr, kGemmVecs, true>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
+        return gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
                                                   plan.dv_pad, alpha);
 #endif
     gemm_nn_acc(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, o, plan.dv_pad, alpha, pv);
@@ -214,11 +214,49 @@ struct Bf16DotTiles {
 // The other tiles take the row path.
 constexpr int64_t kKeysMajorRows = 32;
 
+// Narrow tiles: query tiles of kNarrowMinRows <= mq <= 2 * kLanes rows
+// (short queries beside long keys) run keys-major through both products,
+// with the query rows across the lanes of one or two vectors (width W):
+//   S^T [nj, W]  = K (scale Q)^T   K's elements broadcast where they lie
+//   O^T [dv, W]  = O^T * alpha + V^T P^T   V's elements broadcast where they lie
+// so neither K nor V is transposed or copied, and alpha scales O^T's columns.
+// A 16-row tile's products as square tiles padded to 32 columns did half
+// their FMAs on padding. Their rate hardly depends on mq (f32, d = 128, 8
+// heads, 2 threads, K+V read per second against the row path, Lk = 4096 /
+// 128k: 3 rows 20.2 / 19.6 against 25.1 / 17.4, 6 rows 19.8 / 18.5 against
+// 24.7 / 18.5, 8 rows 20.9 / 18.9 against 21.0 / 16.5, 12 rows 18.7 / 18.7
+// against 17.9 / 14.9, 16 rows 19.8 / 17.8 against 16.3 / 13.0), so fewer
+// rows keep the row path.
+constexpr int64_t kNarrowMinRows = 8;
+//
+// Narrow tiles step through the keys 16 at a time, every K/V head in turn,
+// so each 4 KiB page of a [batch, seq, heads, dim] K or V is read through
+// soon after it is started: the hardware prefetchers follow that, where 64
+// keys (with or without the next tile prefetched in software) left the reads
+// waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
+// interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
+// (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
+// another series 8 keys 17.1 against 17.7 for 16).
+constexpr int64_t kNarrowKeys = 16;
+
+template <typename T, typename Acc, typename Tiles>
+bool keys_major_tiles(const AttnParams& p) {
+#if FG_VEC_GEMM
+  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && p.softcap == 0 &&
+         !p.alibi && !p.bias.data && p.dropout_p == 0;
+#else
+  (void)p;
+  return false;
+#endif
+}
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_usable(const AttnParams& p, int64_t mq) {
+  return mq >= kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
+}
+template <typename T, typename Acc, typename Tiles>
+bool narrow_usable(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
-         mq >= kKeysMajorRows && p.softcap == 0 && !p.alibi && !p.bias.data && p.dropout_p == 0;
+  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
 #else
   (void)p, (void)mq;
   return false;
@@ -286,6 +324,59 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
   lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
 }
 
+// Rows [seq0, seq0 + nj) of head h of o as f32 rows: where they lie when
+// they are contiguous f32 (ld: o's row stride), else converted into stage
+// ([nj, pad]).
+template <typename T>
+const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t nj, int64_t dim, int64_t pad,
+                      float* stage, int64_t& ld) {
+  if (std::is_same<T, float>::value && o.dim_stride == 1) {
+    ld = o.seq_stride;
+    return reinterpret_cast<const float*>(static_cast<const T*>(o.data)) + row_offset(o, b, seq0, h);
+  }
+  load_tile<T>(o, b, seq0, h, nj, dim, pad, stage);
+  ld = pad;
+  return stage;
+}
+
+#if FG_VEC_GEMM
+// One narrow tile (see narrow_usable) of Nv vectors of query rows: S^T
+// [nj, W] into st, the softmax step on m, l and alpha ([W]), keys j0..
+// outside [lo, hi] masked (lo null: a full tile), and ot [dv, W] = ot * alpha
+// + V^T P^T. The S^T blocks take 8 key rows: each row is a pointer of its
+// own, and 16 of them spilled to vector registers (decode, Lk = 128k:
+// 17.3 -> 17.8 GB/s with 8; from L3, Lk = 4096: 18.5 -> 19.8).
+template <typename T, int Nv>
+void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                 const float* qt, float* vstage, float* kstage, float* st, float* m, float* l, float* alpha, float* ot,
+                 const float* lo, const float* hi, int64_t j0) {
+  constexpr int64_t W = Nv * kLanes;
+  constexpr int Mr = kNarrowAcc / Nv, MrK = Mr < 8 ? Mr : 8;
+  int64_t kr_ld = 0, vr_ld = 0;
+  const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kstage, kr_ld);
+  const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
+  gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W);
+  softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
+  gemm_f32<Mr, Nv, Epi::add_cols>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, W, alpha);
+}
+#endif
+
+// narrow_tile for a tile width of w (kLanes or 2 * kLanes) query rows.
+template <typename T, typename Acc>
+void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                 int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l, Acc* alpha, Acc* ot,
+                 const Acc* lo, const Acc* hi, int64_t j0) {
+#if FG_VEC_GEMM
+  if constexpr (std::is_same<Acc, float>::value) {
+    if (w == kLanes)
+      return narrow_tile<T, 1>(p, plan, b, seq0, hk, nj, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+    return narrow_tile<T, 2>(p, plan, b, seq0, hk, nj, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+  }
+#endif
+  (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)w, (void)qt, (void)vstage, (void)kstage;
+  (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)j0;
+}
+
 // One tile, keys-major: S^T [nj, ms] (row stride mld) into st, the softmax step on m, l and
 // alpha ([ms]) with keys j0.. (sequence-relative) outside [lo, hi] masked (lo
 // null: a full tile), and o [mq, dv_pad] = o * alpha + P V. K rows are read
@@ -297,14 +388,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
                      Acc* o, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
-    const float* kr = stage;
-    int64_t kr_ld = plan.dqk_pad;
-    if (std::is_same<T, float>::value && p.k.dim_stride == 1) {
-      kr = static_cast<const float*>(p.k.data) + row_offset(p.k, b, seq0, hk);
-      kr_ld = p.k.seq_stride;
-    } else {
-      load_tile<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage);
-    }
+    int64_t kr_ld = 0;
+    const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage, kr_ld);
     load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
     gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
     softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
@@ -353,18 +438,23 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     m[r] = neg_inf<Acc>();
     l[r] = Acc(0);
   }
-  for (int64_t x = 0; x < nh * mq * ldv; ++x) o[x] = Acc(0);
-  const bool keys_major = keys_major_usable<T, Acc, Tiles>(p, mq);
+  for (int64_t x = 0; x < nh * ms * ldv; ++x) o[x] = Acc(0);
   // Tiles the causal or window ranges cut take keys-major scores too when
-  // nothing else masks and key indices stay exact in f32.
-  const bool keys_major_ranged = keys_major && !p.mask.data && lk < (int64_t{1} << 24);
-  if (keys_major) {  // Q^T [dqk_pad, ms] per K/V head, zero past row mq; 16-row blocks in registers
+  // nothing else masks and key indices stay exact in f32. Narrow tiles keep
+  // O^T, so a task takes them only where every tile can.
+  const bool ranged = !p.mask.data && lk < (int64_t{1} << 24);
+  const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq);
+  const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
+  const bool keys_major_ranged = keys_major && ranged;
+  // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
+  const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
+  if (keys_major) {  // zero past row mq; 16-row blocks in registers
     const int64_t r0 = mq / 16 * 16;
     for (int64_t x = 0; x < nh; ++x) {
-      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * mld, mld);
+      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * qt_ld, qt_ld);
       for (int64_t c = 0; c < plan.dqk_pad; ++c)
-        for (int64_t r = r0; r < ms; ++r)
-          qt[(x * plan.dqk_pad + c) * mld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
+        for (int64_t r = r0; r < qt_cols; ++r)
+          qt[(x * plan.dqk_pad + c) * qt_ld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
     }
     for (int64_t r = 0; r < ms; ++r) {  // padding columns see no key
       lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
@@ -377,19 +467,25 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // GB/s, so not there, but bf16 13 -> 18.6 GB/s (from L3, Lk = 16k: 31 -> 27).
   const bool prefetch = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
   const int64_t k0 = p.k_start(b);
-  for (int64_t j0 = k_lo; j0 < k_hi; j0 += plan.block_k) {
-    const int64_t nj = std::min(plan.block_k, k_hi - j0);
+  const int64_t bk = narrow ? std::min(kNarrowKeys, plan.block_k) : plan.block_k;
+  for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
+    const int64_t nj = std::min(bk, k_hi - j0);
     const TileKind kind = ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
-      Acc *qx = q + x * mq * ldq, *ox = o + x * mq * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
+      Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
       // Keys-major tiles go without the next tile's prefetch: issued before
       // one, it measured 2% slower (f32, d = 128, L = 4096, 1 thread).
       if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
         const bool cut = kind == TileKind::partial;
-        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qt + x * plan.dqk_pad * mld, ms, mld, v, stage, s, mx_, lx,
-                           ax, ox, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
+        const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
+        if (narrow) {
+          narrow_step<T>(p, plan, b, k0 + j0, hk, nj, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
+        } else {
+          keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
+                             j0);
+        }
         continue;
       }
       tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
@@ -420,9 +516,14 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   }
   for (int64_t x = 0; x < nh; ++x) {
     const Stack st{hk0 + x, plan.group, i0, mqh};
+    const Acc* ox = o + x * ms * ldv;
+    if (narrow) {  // O^T [dv, W] back to rows
+      transpose<Acc>(p.head_dim_v, mq, ox, qt_cols, pv, ldv);  // any shape: once per task
+      ox = pv;
+    }
     for (int64_t r = 0; r < mq; ++r)
       finish_row<T, Acc>(p, plan, shared, b, st.head(r), st.row(r), split, m[x * ms + r], l[x * ms + r],
-                         o + (x * mq + r) * ldv);
+                         ox + r * ldv);
   }
 }
 

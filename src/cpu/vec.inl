@@ -172,10 +172,13 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
 // Mr rows x Nv vectors of columns, all accumulators in registers: per step of
 // k, Nv loads of B and Mr broadcasts of A feed Mr * Nv FMAs. (The unroll
 // pragmas keep GCC from also giving the accumulator arrays a stack copy,
-// which it zeroed and stored on every call: 4% of the forward.) With Accum
-// the block's sums meet C only at the end, as C * rs[r] + sum (rs null: C +
-// sum): the blocked summation of scale_add without its pass over a copy.
-template <int Mr, int Nv, bool Accum, typename TB>
+// which it zeroed and stored on every call: 4% of the forward.) Epilogues
+// other than store add the block's sums to C only at the end, as
+// C * rs[r] + sum (add_rows; rs null: C + sum) or C * rs[col] + sum
+// (add_cols): the blocked summation of scale_add without its pass over a copy.
+enum class Epi { store, add_rows, add_cols };
+
+template <int Mr, int Nv, Epi E, typename TB>
 inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
                            int64_t ldb, float* c, int64_t ldc, const float* rs) {
   VecF acc[Mr][Nv];
@@ -197,7 +200,10 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r) {
     float* cr = c + r * ldc;
-    if constexpr (Accum) {
+    if constexpr (E == Epi::add_cols) {
+#pragma GCC unroll 4
+      for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(vload(cr + j * kLanes), vload(rs + j * kLanes), acc[r][j]);
+    } else if constexpr (E == Epi::add_rows) {
       if (rs) {
         const VecF sc = vbroadcast(rs[r]);
 #pragma GCC unroll 4
@@ -213,37 +219,41 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 }
 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv, bool Accum, typename TB>
+template <int Mr, int Nv, Epi E, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
+  const int64_t col_step = E == Epi::add_cols ? 1 : 0;  // add_cols: rs has one entry per column
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes)
-    gemm_f32_block<Mr, Nv, Accum>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs);
-  for (; j < n; j += 2 * kLanes) gemm_f32_block<Mr, 2, Accum>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs);
+    gemm_f32_block<Mr, Nv, E>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step);
+  if constexpr (Nv > 2)
+    for (; j < n; j += 2 * kLanes)
+      gemm_f32_block<Mr, 2, E>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step);
 }
 
 // The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv, bool Accum, typename TB>
+template <int R, int Nv, Epi E, typename TB>
 inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
   if constexpr (R > 0) {
-    if (rest == R) return gemm_f32_rows<R, Nv, Accum>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
-    gemm_f32_rest<R - 1, Nv, Accum>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
+    if (rest == R) return gemm_f32_rows<R, Nv, E>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
+    gemm_f32_rest<R - 1, Nv, E>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
   }
 }
 
-// gemm_nn (or, with Accum, gemm_nn_acc) with Mr x Nv register blocks; n a
-// multiple of 2 * kLanes. B may hold f32, bf16 or f16 (converted exactly as
-// it is loaded).
-template <int Mr, int Nv, bool Accum = false, typename TB>
+// gemm_nn (or, with an adding epilogue, gemm_nn_acc) with Mr x Nv register
+// blocks; n a multiple of 2 * kLanes, or of kLanes when Nv is 1. B may hold
+// f32, bf16 or f16 (converted exactly as it is loaded).
+template <int Mr, int Nv, Epi E = Epi::store, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                      const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr) {
-  FG_DASSERT(n % (2 * kLanes) == 0);
+  FG_DASSERT(n % ((Nv == 1 ? 1 : 2) * kLanes) == 0);
+  const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
-    gemm_f32_rows<Mr, Nv, Accum>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i : rs);
-  gemm_f32_rest<Mr - 1, Nv, Accum>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
-                                   rs ? rs + i : rs);
+    gemm_f32_rows<Mr, Nv, E>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i * rs_step : rs);
+  gemm_f32_rest<Mr - 1, Nv, E>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
+                               rs ? rs + i * rs_step : rs);
 }
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
@@ -283,7 +293,7 @@ inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a
 #if FG_VEC_GEMM
 inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                         const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale, float*) {
-  gemm_f32<kGemmMr, kGemmVecs, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+  gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
 }
 #endif
 

@@ -5,6 +5,7 @@ using VecF = __m256;
 constexpr int64_t kLanes = 8;
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
+constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }

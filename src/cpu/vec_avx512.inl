@@ -8,6 +8,8 @@ constexpr int64_t kLanes = 16;
 // products and ~5% on the backward's (flashgrad bench, d = 128, 1 thread).
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 4;
+// Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
+constexpr int kNarrowAcc = 16;
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
