@@ -467,10 +467,21 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // GB/s, so not there, but bf16 13 -> 18.6 GB/s (from L3, Lk = 16k: 31 -> 27).
   const bool prefetch = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
   const int64_t k0 = p.k_start(b);
+  // Tiles every row sees whole go without classify's look at each row (1.3%
+  // of a d = 64 forward's samples at 256 rows; f32, L = 2048, 1 thread, both
+  // builds at once, medians: 120.5 -> 122.3 GFLOP/s).
+  int64_t lo_max = std::numeric_limits<int64_t>::min(), hi_min = std::numeric_limits<int64_t>::max();
+  for (int64_t r = 0; r < mq; ++r) {
+    lo_max = std::max(lo_max, lo[r]);
+    hi_min = std::min(hi_min, hi[r]);
+  }
+  const auto every_row_sees = [&](int64_t j0, int64_t nj) {
+    return !p.mask.data && lo_max <= j0 && hi_min >= j0 + nj - 1;
+  };
   const int64_t bk = narrow ? std::min(kNarrowKeys, plan.block_k) : plan.block_k;
   for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
     const int64_t nj = std::min(bk, k_hi - j0);
-    const TileKind kind = ctx[0].classify(mq, lo, hi, j0, nj);
+    const TileKind kind = every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
