@@ -7,6 +7,7 @@
 //   transpose/<isa>                    a 64 x 128 K tile, in register blocks
 //   forward, backward/<isa>/<dtype>/L256_d<d>   B = 1, 4 heads, one thread,
 //                                      through that ISA's kernel table
+//   forward/<isa>/<dtype>/Lq16_Lk512_d128      short queries (narrow tiles)
 //
 // Operands stay in L1/L2: these are the compute rates of the pieces. Whole
 // calls against memory and against peers are `flashgrad bench --sweep`'s job.
@@ -232,12 +233,14 @@ struct KernelCall {
   }
 };
 
-testing::Case small_case(DType dtype, int64_t head_dim) {
+// 256 x 256, or 16 queries against 512 keys (K and V: 2 MiB at d = 128).
+testing::Case small_case(DType dtype, int64_t head_dim, bool short_q) {
   testing::Case c;
   c.name = "microbench";
   c.dtype = dtype;
   c.batch = 1;
-  c.seqlen_q = c.seqlen_k = 256;
+  c.seqlen_q = short_q ? 16 : 256;
+  c.seqlen_k = short_q ? 512 : 256;
   c.heads_q = c.heads_kv = 4;
   c.head_dim = c.head_dim_v = head_dim;
   c.num_threads = 1;
@@ -247,13 +250,14 @@ testing::Case small_case(DType dtype, int64_t head_dim) {
 // Forward and backward of this ISA, dtype and head dim against the fp64
 // reference (the harness's tolerance rule), on a shorter copy of the timed
 // shape so that the reference stays cheap; once per combination.
-std::string check_kernels(Isa isa, DType dtype, int64_t head_dim) {
+std::string check_kernels(Isa isa, DType dtype, int64_t head_dim, bool short_q) {
   static std::map<std::string, std::string> done;
-  const std::string key = std::string(isa_to_string(isa)) + dtype_name(dtype) + std::to_string(head_dim);
+  const std::string key =
+      std::string(isa_to_string(isa)) + dtype_name(dtype) + std::to_string(head_dim) + (short_q ? "s" : "");
   if (const auto it = done.find(key); it != done.end()) return it->second;
-  testing::Case c = small_case(dtype, head_dim);
-  c.seqlen_q = 70;  // a full query tile and a partial one against two key tiles
-  c.seqlen_k = 100;
+  testing::Case c = small_case(dtype, head_dim, short_q);
+  c.seqlen_q = short_q ? 16 : 70;  // a full query tile and a partial one against two key tiles
+  c.seqlen_k = short_q ? 150 : 100;
   c.heads_q = c.heads_kv = 2;
   const KernelTable& table = kernels_for(isa);
   KernelCall call(c);
@@ -263,10 +267,12 @@ std::string check_kernels(Isa isa, DType dtype, int64_t head_dim) {
   return done[key] = report.pass() ? "" : "fails the fp64 reference check on " + c.describe() + ":\n" + report.table();
 }
 
-void attention_bench(benchmark::State& state, Isa isa, DType dtype, int64_t head_dim, bool backward) {
-  if (const std::string why = check_kernels(isa, dtype, head_dim); !why.empty()) return fail(state, why);
+void attention_bench(benchmark::State& state, Isa isa, DType dtype, int64_t head_dim, bool backward,
+                     bool short_q) {
+  if (const std::string why = check_kernels(isa, dtype, head_dim, short_q); !why.empty())
+    return fail(state, why);
   const KernelTable& table = kernels_for(isa);
-  const testing::Case c = small_case(dtype, head_dim);
+  const testing::Case c = small_case(dtype, head_dim, short_q);
   KernelCall call(c);
   void* ws = call.workspace.get();
   table.forward(call.fwd, call.fwd_plan, ws);  // backward reads out and lse
@@ -294,9 +300,14 @@ void register_isa(Isa isa) {
       for (const int64_t d : {64, 128}) {
         const std::string label = std::string(backward ? "backward/" : "forward/") + name + "/" +
                                   dtype_name(dtype) + "/L256_d" + std::to_string(d);
-        benchmark::RegisterBenchmark(label.c_str(), attention_bench, isa, dtype, d, backward)
+        benchmark::RegisterBenchmark(label.c_str(), attention_bench, isa, dtype, d, backward, false)
             ->Unit(benchmark::kMicrosecond);
       }
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    const std::string label = "forward/" + name + "/" + dtype_name(dtype) + "/Lq16_Lk512_d128";
+    benchmark::RegisterBenchmark(label.c_str(), attention_bench, isa, dtype, int64_t{128}, false, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
 }
 
 }  // namespace

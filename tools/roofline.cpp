@@ -6,9 +6,7 @@
 //              oneDNN's f32 matmul beside it); "n/a" when built without oneDNN
 //   tiles      the tile products' shapes (bench/tile_ops.hpp), 1 thread:
 //              OpenBLAS sgemm and flashgrad's own tile product on the same operands
-//   memory     STREAM triad a = b + s * c over doubles (3 x 8 bytes per element
-//              counted, as STREAM does: the write-allocate read is not), and
-//              memcpy (read + write counted), T threads
+//   memory     STREAM triad and memcpy (bandwidth.hpp), T threads
 //
 // Every rate is the median over repeated calls after a warm-up call.
 #include <cblas.h>
@@ -36,6 +34,7 @@
 #include "tile_ops.hpp"
 #endif
 
+#include "bandwidth.hpp"
 #include "cli.hpp"
 #include "harness.hpp"
 #include "dispatch.hpp"
@@ -172,58 +171,6 @@ std::vector<TileRate> tile_rates(int batches) {
   return out;
 }
 
-// 64-byte aligned doubles, first touched by the threads that will use them.
-struct Doubles {
-  double* p;
-  explicit Doubles(int64_t n) : p(static_cast<double*>(std::aligned_alloc(64, static_cast<size_t>(n) * 8))) {
-    if (!p) throw std::runtime_error("cannot allocate the bandwidth test's arrays");
-  }
-  ~Doubles() { std::free(p); }
-  Doubles(const Doubles&) = delete;
-  Doubles& operator=(const Doubles&) = delete;
-};
-
-double triad_gbs(int64_t n, int threads, int repeats) {
-  Doubles a(n), b(n), c(n);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    a.p[i] = 0.0;
-    b.p[i] = 1.0;
-    c.p[i] = 2.0;
-  }
-  const double s = 3.0;
-  auto triad = [&] {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) a.p[i] = b.p[i] + s * c.p[i];
-  };
-  const double rate = median_rate(triad, 3.0 * 8.0 * static_cast<double>(n), repeats) / 1e9;
-  if (a.p[n / 2] != 7.0) throw std::runtime_error("the triad computed a wrong result");
-  settle();
-  return rate;
-}
-
-double memcpy_gbs(int64_t bytes, int threads, int repeats) {
-  const int64_t n = bytes / 8;
-  Doubles src(n), dst(n);
-  const int64_t chunk = (n + threads - 1) / threads;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-    for (int64_t i = lo; i < hi; ++i) src.p[i] = static_cast<double>(i), dst.p[i] = 0.0;
-  }
-  auto copy = [&] {
-#pragma omp parallel num_threads(threads)
-    {
-      const int64_t t = omp_get_thread_num(), lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-      if (hi > lo) std::memcpy(dst.p + lo, src.p + lo, static_cast<size_t>(hi - lo) * 8);
-    }
-  };
-  const double rate = median_rate(copy, 2.0 * static_cast<double>(n * 8), repeats) / 1e9;
-  if (dst.p[n - 1] != static_cast<double>(n - 1)) throw std::runtime_error("memcpy copied a wrong result");
-  settle();
-  return rate;
-}
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -337,7 +284,7 @@ int run_roofline(Args& args) {
   r.tiles = tile_rates(s.quick ? 3 : 5);
   // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
   r.triad_n = s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
-  r.triad = triad_gbs(r.triad_n, s.threads, s.quick ? 3 : 10);
+  r.triad = Triad(r.triad_n, s.threads).gbs(s.quick ? 3 : 10);
   r.copy = memcpy_gbs(s.quick ? (int64_t{128} << 20) : (int64_t{512} << 20), s.threads, s.quick ? 3 : 10);
   if (s.json)
     std::printf("%s\n", rates_json(s, r, core, core_origin).c_str());

@@ -117,6 +117,8 @@ struct ShortQuery {
   int64_t seqlen_q = 1, seqlen_k = 0, head_dim = 128;
   double ms = 0;
   double kv_bytes = 0;
+  double paired_triad_gbs = NAN;  // median of the triads timed before each round of calls
+  double paired_ratio = NAN;      // median over the rounds of K+V GB/s over the round's triad
   double gbs() const { return kv_bytes / (ms * 1e6); }
 };
 

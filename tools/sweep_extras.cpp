@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "../src/check.hpp"  // make_params; tools/check.hpp is the CLI's own
+#include "bandwidth.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"
+#include "openblas.hpp"  // settle
 #include "parallel.hpp"
 #include "sweep.hpp"
 #include "tiling.hpp"
@@ -83,13 +85,21 @@ std::vector<double> median_small_calls(const std::vector<std::function<void()>>&
 
 // --- short queries ------------------------------------------------------------------
 
+// Each configuration runs in rounds, a triad (bandwidth.hpp) before each
+// round's calls, and reports the median of the rounds' ratios beside the
+// ratio to the machine's triad: the machine's bandwidth drifts over a sweep
+// as its SGEMM does.
 void run_short_queries(Sweep& s) {
   constexpr int64_t kDim = 128;
-  const std::vector<int64_t> lengths =
-      s.settings.quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536, 131072};
-  std::printf("\n(short queries) forward, B=%lld H=%lld d=%lld: K and V bytes read per second, against the triad\n",
-              static_cast<long long>(kBatch), static_cast<long long>(kHeads), static_cast<long long>(kDim));
-  std::printf("  %-5s %4s %7s %10s %10s %9s\n", "dtype", "Lq", "Lk", "ms", "K+V GB/s", "x triad");
+  const bool quick = s.settings.quick;
+  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536, 131072};
+  const int rounds = quick ? 1 : 3;
+  Triad triad(quick ? (int64_t{1} << 23) : (int64_t{1} << 25), threads_of(s));
+  std::printf("\n(short queries) forward, B=%lld H=%lld d=%lld: K and V bytes read per second, against the triad\n"
+              "  (and against a triad timed before each of %d rounds of calls: medians)\n",
+              static_cast<long long>(kBatch), static_cast<long long>(kHeads), static_cast<long long>(kDim), rounds);
+  std::printf("  %-5s %4s %7s %10s %10s %9s %12s %9s\n", "dtype", "Lq", "Lk", "ms", "K+V GB/s", "x triad",
+              "paired triad", "x paired");
   for (const DType dtype : {DType::f32, DType::bf16})
     for (const int64_t lk : lengths) {
       testing::Buffer k = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
@@ -106,12 +116,20 @@ void run_short_queries(Sweep& s) {
         fill_uniform(q, 3);
         Options o;
         o.num_threads = threads_of(s);
-        const double sec = median_call([&] { forward(o, q.view, k.view, v.view, out.view, lse.view); }, 5,
-                                       s.settings.quick ? 0.05 : 0.5);
-        ShortQuery r{dtype, lq, lk, kDim, 1e3 * sec, static_cast<double>(k.bytes.size() + v.bytes.size())};
+        const double kv_bytes = static_cast<double>(k.bytes.size() + v.bytes.size());
+        std::vector<double> times, triads, ratios;
+        for (int round = 0; round < rounds; ++round) {
+          triads.push_back(triad.gbs(3));
+          times.push_back(median_call([&] { forward(o, q.view, k.view, v.view, out.view, lse.view); }, 3,
+                                      quick ? 0.05 : 0.2));
+          settle();
+          ratios.push_back(kv_bytes / times.back() / 1e9 / triads.back());
+        }
+        ShortQuery r{dtype, lq, lk, kDim, 1e3 * median(times), kv_bytes, median(triads), median(ratios)};
         s.short_queries.push_back(r);
-        std::printf("  %-5s %4lld %7lld %10.3f %10.1f %8.2fx\n", dtype_name(dtype), static_cast<long long>(lq),
-                    static_cast<long long>(lk), r.ms, r.gbs(), r.gbs() / s.machine.triad_gbs());
+        std::printf("  %-5s %4lld %7lld %10.3f %10.1f %8.2fx %12.1f %8.2fx\n", dtype_name(dtype),
+                    static_cast<long long>(lq), static_cast<long long>(lk), r.ms, r.gbs(),
+                    r.gbs() / s.machine.triad_gbs(), r.paired_triad_gbs, r.paired_ratio);
         std::fflush(stdout);
       }
     }

@@ -380,26 +380,30 @@ void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 // One tile, keys-major: S^T [nj, ms] (row stride mld) into st, the softmax step on m, l and
 // alpha ([ms]) with keys j0.. (sequence-relative) outside [lo, hi] masked (lo
 // null: a full tile), and o [mq, dv_pad] = o * alpha + P V. K rows are read
-// in place when they are contiguous f32, else converted into stage.
+// in place when they are contiguous f32, else converted into stage. Rows
+// (columns of S^T) below c0, a multiple of kPad, see no key of the tile and
+// are left as they are.
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                      int64_t mq, const Acc* qt, int64_t ms, int64_t mld, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l,
                      Acc* alpha,
-                     Acc* o, const Acc* lo, const Acc* hi, int64_t j0) {
+                     Acc* o, const Acc* lo, const Acc* hi, int64_t j0, int64_t c0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     int64_t kr_ld = 0;
     const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage, kr_ld);
     load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
-    gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
-    softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
-    gemm_nn_acc(mq, plan.dv_pad, nj, st, 1, mld, v, plan.dv_pad, o, plan.dv_pad, alpha, nullptr);
+    const int64_t dv = plan.dv_pad;
+    gemm_nn(nj, ms - c0, p.head_dim, kr, kr_ld, 1, qt + c0, mld, st + c0, mld);
+    softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, lo ? lo + c0 : lo, hi ? hi + c0 : hi,
+                 static_cast<float>(j0));
+    gemm_nn_acc(mq - c0, dv, nj, st + c0, 1, mld, v, dv, o + c0 * dv, dv, alpha + c0, nullptr);
     return;
   }
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)mld, (void)v,
   (void)stage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0;
+  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0, (void)c0;
 }
 
 template <typename T, typename Acc, typename Tiles>
@@ -483,6 +487,13 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     const int64_t nj = std::min(bk, k_hi - j0);
     const TileKind kind = every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
+    // A causal diagonal's first rows may see none of the tile: keys-major
+    // tiles start at the first kPad-aligned block of rows that do.
+    int64_t c0 = 0;
+    if (kind == TileKind::partial) {
+      while (c0 < mq && (lo[c0] > hi[c0] || hi[c0] < j0 || lo[c0] >= j0 + nj)) ++c0;
+      c0 = c0 / kPad * kPad;
+    }
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
@@ -495,7 +506,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
           narrow_step<T>(p, plan, b, k0 + j0, hk, nj, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
         } else {
           keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
-                             j0);
+                             j0, cut ? c0 : 0);
         }
         continue;
       }

@@ -1,0 +1,35 @@
+// Memory bandwidth probes: the STREAM triad a = b + s * c over doubles (3 x 8
+// bytes per element counted, as STREAM does: the write-allocate read is not)
+// and memcpy (read + write counted), on T threads. `flashgrad roofline`
+// reports both; the sweep times a triad beside each short-query run.
+#pragma once
+
+#include <cstdint>
+
+namespace flashgrad::tools {
+
+class Triad {
+ public:
+  // Three arrays of n doubles, 64-byte aligned, each thread first touching
+  // the part it will run over.
+  Triad(int64_t n, int threads);
+  ~Triad();
+  Triad(const Triad&) = delete;
+  Triad& operator=(const Triad&) = delete;
+
+  // GB/s: the median of `repeats` passes after a warm-up pass, checked, then
+  // a pause (settle) so that the OpenMP threads' spinning ends before the
+  // next measurement.
+  double gbs(int repeats);
+  int64_t array_bytes() const { return n_ * 8; }
+
+ private:
+  int64_t n_;
+  int threads_;
+  double *a_, *b_, *c_;
+};
+
+// memcpy of `bytes` split across the threads, in GB/s (read + write), checked.
+double memcpy_gbs(int64_t bytes, int threads, int repeats);
+
+}  // namespace flashgrad::tools
