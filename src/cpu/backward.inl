@@ -38,15 +38,36 @@ inline void add_row(const Acc* src, int64_t n, D* dst, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) dst[i * stride] += static_cast<D>(src[i]);
 }
 
-// One (query block, key block) step. In: qb, kt [d, bk_pad], vt [dv, bk_pad].
+// The keys [j0 + a, j0 + a + w) of a key block that a query block's rows
+// can see, a a multiple of kPad: a causal or window band leaves the rest of
+// a partial tile masked for every row, and its products need not run.
+struct KeySpan {
+  int64_t a, w;
+};
+template <typename Acc>
+KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind kind) {
+  if (kind != TileKind::partial) return {0, nj};
+  int64_t first = j0 + nj, last = j0 - 1;
+  for (int64_t r = 0; r < qb.mq; ++r)
+    if (qb.lo[r] <= qb.hi[r]) {
+      first = std::min(first, qb.lo[r]);
+      last = std::max(last, qb.hi[r]);
+    }
+  const int64_t a = std::max<int64_t>(0, std::min(first, j0 + nj) - j0) / kPad * kPad;
+  const int64_t end = std::min(nj, std::max(last, j0 - 1) - j0 + 1);
+  return {a, std::max<int64_t>(0, end - a)};
+}
+
+// One (query block, key block) step over the block's keys [j0, j0 + nj),
+// lds = round_up(nj, kPad) columns. In: qb, kt [d, lds], vt [dv, lds].
 // Out: s = dropout(P) and dp = dS (w.r.t. the pre-softcap score), both
-// [mq, bk_pad]. All four have row stride bk_ld. dS before the softcap factor
+// [mq, lds]. All four have row stride bk_ld. dS before the softcap factor
 // is added into dbias_rows if given.
 template <typename Acc>
 void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
                const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
                const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
-  const int64_t lds = plan.bk_pad, ld = plan.bk_ld;
+  const int64_t lds = round_up(nj, kPad), ld = plan.bk_ld;
   gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt, ld, s, ld);
   gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, ld, dp, ld);
   const bool capped = ctx.softcap > 0;
@@ -156,12 +177,14 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.q, b, qn, hn, mn, p.head_dim);
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
-      tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, nullptr);
-      gemm_nn_acc(nj, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv, ldv, nullptr, tmp);  // dV += P^T dO
-      gemm_nn_acc(nj, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
+      const KeySpan ks = seen_keys(qb, j0, nj, kind);
+      tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, kt + ks.a, vt + ks.a, s, dp, t,
+                nullptr);
+      gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);  // dV += P^T dO
+      gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
       if (dq_acc) {
-        gemm_nn_acc(qb.mq, ldq, nj, dp, plan.bk_ld, 1, k, ldq,  // dQ += dS K
-                         dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
+        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq,  // dQ += dS K
+                    dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
       }
     }
   }
@@ -205,8 +228,10 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
     transpose(lds, ldq, k, ldq, kt, ld);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
-    tile_grad(p, plan, ctx, qb, j0, nj, kind == TileKind::partial, kt, vt, s, dp, t, dbias_rows);
-    gemm_nn_acc(qb.mq, ldq, nj, dp, ld, 1, k, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
+    const KeySpan ks = seen_keys(qb, j0, nj, kind);
+    tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, kt + ks.a, vt + ks.a, s, dp, t,
+              dbias_rows);
+    gemm_nn_acc(qb.mq, ldq, ks.w, dp, ld, 1, k + ks.a * ldq, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
   }
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < qb.mq; ++r)
