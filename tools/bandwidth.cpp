@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "cli.hpp"
@@ -13,6 +14,7 @@
 namespace flashgrad::tools {
 namespace {
 
+// 64-byte aligned doubles, freed with std::free.
 double* aligned_doubles(int64_t n) {
   auto* p = static_cast<double*>(std::aligned_alloc(64, static_cast<size_t>((n * 8 + 63) / 64 * 64)));
   if (!p) throw std::runtime_error("cannot allocate the bandwidth test's arrays");
@@ -23,35 +25,33 @@ double* aligned_doubles(int64_t n) {
 
 Triad::Triad(int64_t n, int threads)
     : n_(n), threads_(threads), a_(aligned_doubles(n)), b_(aligned_doubles(n)), c_(aligned_doubles(n)) {
+  double *a = a_.get(), *b = b_.get(), *c = c_.get();
 #pragma omp parallel for num_threads(threads_) schedule(static)
   for (int64_t i = 0; i < n_; ++i) {
-    a_[i] = 0.0;
-    b_[i] = 1.0;
-    c_[i] = 2.0;
+    a[i] = 0.0;
+    b[i] = 1.0;
+    c[i] = 2.0;
   }
-}
-
-Triad::~Triad() {
-  std::free(a_);
-  std::free(b_);
-  std::free(c_);
 }
 
 double Triad::gbs(int repeats) {
   const double s = 3.0;
+  double *a = a_.get(), *b = b_.get(), *c = c_.get();
   auto triad = [&] {
 #pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t i = 0; i < n_; ++i) a_[i] = b_[i] + s * c_[i];
+    for (int64_t i = 0; i < n_; ++i) a[i] = b[i] + s * c[i];
   };
   const double rate = 3.0 * 8.0 * static_cast<double>(n_) / median(time_calls(triad, 1, repeats)) / 1e9;
-  if (a_[n_ / 2] != 7.0) throw std::runtime_error("the triad computed a wrong result");
+  if (a[n_ / 2] != 7.0) throw std::runtime_error("the triad computed a wrong result");
   settle();
   return rate;
 }
 
 double memcpy_gbs(int64_t bytes, int threads, int repeats) {
   const int64_t n = bytes / 8;
-  double *src = aligned_doubles(n), *dst = aligned_doubles(n);
+  const std::unique_ptr<double[], void (*)(void*)> src_owner(aligned_doubles(n), std::free),
+      dst_owner(aligned_doubles(n), std::free);
+  double *src = src_owner.get(), *dst = dst_owner.get();
   const int64_t chunk = (n + threads - 1) / threads;
 #pragma omp parallel num_threads(threads)
   {
@@ -66,10 +66,7 @@ double memcpy_gbs(int64_t bytes, int threads, int repeats) {
     }
   };
   const double rate = 2.0 * static_cast<double>(n * 8) / median(time_calls(copy, 1, repeats)) / 1e9;
-  const bool ok = dst[n - 1] == static_cast<double>(n - 1);
-  std::free(src);
-  std::free(dst);
-  if (!ok) throw std::runtime_error("memcpy copied a wrong result");
+  if (dst[n - 1] != static_cast<double>(n - 1)) throw std::runtime_error("memcpy copied a wrong result");
   settle();
   return rate;
 }

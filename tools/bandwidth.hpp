@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 
 namespace flashgrad::tools {
 
@@ -13,9 +15,6 @@ class Triad {
   // Three arrays of n doubles, 64-byte aligned, each thread first touching
   // the part it will run over.
   Triad(int64_t n, int threads);
-  ~Triad();
-  Triad(const Triad&) = delete;
-  Triad& operator=(const Triad&) = delete;
 
   // GB/s: the median of `repeats` passes after a warm-up pass, checked, then
   // a pause (settle) so that the OpenMP threads' spinning ends before the
@@ -24,9 +23,13 @@ class Triad {
   int64_t array_bytes() const { return n_ * 8; }
 
  private:
+  struct Free {
+    void operator()(double* p) const { std::free(p); }
+  };
+  using Doubles = std::unique_ptr<double[], Free>;
   int64_t n_;
   int threads_;
-  double *a_, *b_, *c_;
+  Doubles a_, b_, c_;
 };
 
 // memcpy of `bytes` split across the threads, in GB/s (read + write), checked.
