@@ -92,7 +92,8 @@ std::vector<double> median_small_calls(const std::vector<std::function<void()>>&
 void run_short_queries(Sweep& s) {
   constexpr int64_t kDim = 128;
   const bool quick = s.settings.quick;
-  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536, 131072};
+  const std::vector<int64_t> lengths =
+      quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384, 65536, 131072};
   const int rounds = quick ? 1 : 3;
   Triad triad(quick ? (int64_t{1} << 23) : (int64_t{1} << 25), threads_of(s));
   std::printf("\n(short queries) forward, B=%lld H=%lld d=%lld: K and V bytes read per second, against the triad\n"

@@ -180,8 +180,9 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       const KeySpan ks = seen_keys(qb, j0, nj, kind);
       tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, kt + ks.a, vt + ks.a, s, dp, t,
                 nullptr);
-      gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);  // dV += P^T dO
-      gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);  // dK += dS^T (scale Q)
+      // dV += P^T dO, dK += dS^T (scale Q) over the seen keys' rows
+      gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
+      gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
       if (dq_acc) {
         gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq,  // dQ += dS K
                     dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
