@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 

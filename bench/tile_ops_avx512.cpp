@@ -13,6 +13,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 

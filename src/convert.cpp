@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu/exp_poly.hpp"
+
 namespace flashgrad {
 #define FG_DASSERT(x) assert(x)
 namespace convert_detail {

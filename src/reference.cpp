@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/exp_poly.hpp"
 #include "check.hpp"
 #include "dispatch.hpp"
 #include "params.hpp"

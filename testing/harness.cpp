@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "reference.hpp"
 

@@ -11,6 +11,7 @@
 
 #include <immintrin.h>
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "merge.hpp"
 #include "parallel.hpp"

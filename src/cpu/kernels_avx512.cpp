@@ -16,6 +16,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "merge.hpp"
 #include "parallel.hpp"

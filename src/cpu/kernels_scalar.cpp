@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/exp_poly.hpp"
 #include "dispatch.hpp"
 #include "merge.hpp"
 #include "parallel.hpp"

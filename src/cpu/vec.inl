@@ -100,26 +100,19 @@ inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul
   for (int64_t i = 0; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
 }
 
-// exp(x) for x <= ~88, in f32, within 2 ulp over the range the softmax uses
-// (x <= 0): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, and the
-// degree-7 Taylor polynomial of e^r (truncation error below 1e-8 relative).
-// Results below e^-87.3 flush to 0, exactly 0 for x = -inf. NaN propagates.
+// exp(x) for x <= ~88 in f32 (exp_poly.inl): within 2 ulp over the range
+// the softmax uses (x <= 0). Results below e^-87.3 flush to 0, exactly 0 for
+// x = -inf. NaN propagates.
 inline float exp_f32(float x) {
   // Written so that NaN clamps to -87.3 too: the integer steps below then
   // stay defined, and the NaN is restored at the end.
   const float xc = x > -87.3f ? (x < 88.3f ? x : 88.3f) : -87.3f;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float nf = (xc * 1.44269504088896341f + magic) - magic;
-  float r = xc - nf * 0.693145751953125f;
-  r = r - nf * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float nf = (xc * kExpLog2e + magic) - magic;
+  float r = xc - nf * kExpLn2Hi;
+  r = r - nf * kExpLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < kExpPolyTerms; ++i) p = p * r + kExpPoly[i];
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(nf) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);

@@ -34,21 +34,20 @@ inline float vreduce_max(VecF v) {
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 
-// exp_f32 (vec.inl) lane-wise: same reduction, polynomial and special cases.
-// max and min return their second operand for a NaN, which so passes through
-// every step (the exponent bits of a NaN are garbage, the product NaN).
+// exp_f32 (vec.inl) lane-wise: same reduction, polynomial and results. The
+// lanes below -87.3 (-inf among them) are blended to 0 whatever they
+// computed, so x needs no lower clamp. min returns its second operand for a
+// NaN, which so passes through every step (a NaN's exponent bits are
+// garbage, the product NaN).
 inline VecF vexp(VecF x) {
-  const VecF lo = vbroadcast(-87.3f);
-  const VecF xc = _mm256_min_ps(vbroadcast(88.3f), _mm256_max_ps(lo, x));
-  const VecF nf = _mm256_round_ps(vmul(xc, vbroadcast(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF r = _mm256_fnmadd_ps(nf, vbroadcast(0.693145751953125f), xc);
-  r = _mm256_fnmadd_ps(nf, vbroadcast(1.428606765330187045e-06f), r);
-  VecF p = vbroadcast(1.0f / 5040.0f);
-  for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = vfma(p, r, vbroadcast(c));
+  const VecF xc = _mm256_min_ps(vbroadcast(88.3f), x);
+  const VecF nf = _mm256_round_ps(vmul(xc, vbroadcast(kExpLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = _mm256_fnmadd_ps(nf, vbroadcast(kExpLn2Hi), xc);
+  r = _mm256_fnmadd_ps(nf, vbroadcast(kExpLn2Lo), r);
+  VecF p = vbroadcast(kExpPoly[0]);
+  for (int i = 1; i < kExpPolyTerms; ++i) p = vfma(p, r, vbroadcast(kExpPoly[i]));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), _mm256_cmp_ps(x, vbroadcast(-87.3f), _CMP_LT_OQ));
 }
 
 // 8 lanes of f32, bf16 or f16 bits (exact) as f32.

@@ -30,21 +30,20 @@ inline VecF vneg_inf_outside(VecF s, VecF pos, VecF lo, VecF hi) {
   return _mm512_mask_mov_ps(s, out, vbroadcast(-INFINITY));
 }
 
-// exp_f32 (vec.inl) lane-wise: same reduction, polynomial and special cases.
-// max and min return their second operand for a NaN, which so passes through
-// every step; vscalefps multiplies by 2^n (n in [-126, 127]: exactly as the
-// exponent bits do) in one instruction where the bit steps took four.
+// exp_f32 (vec.inl) lane-wise: same reduction, polynomial and results. The
+// lanes below -87.3 (-inf among them) are zeroed by the mask of vscalefps,
+// whatever they computed, so x needs no lower clamp; vscalefps multiplies by
+// 2^n in one instruction where the exponent bits took four. min returns its
+// second operand for a NaN, which so passes through every step.
 inline VecF vexp(VecF x) {
-  const VecF lo = vbroadcast(-87.3f);
-  const VecF xc = _mm512_min_ps(vbroadcast(88.3f), _mm512_max_ps(lo, x));
-  const VecF nf = _mm512_roundscale_ps(vmul(xc, vbroadcast(1.44269504088896341f)),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF r = _mm512_fnmadd_ps(nf, vbroadcast(0.693145751953125f), xc);
-  r = _mm512_fnmadd_ps(nf, vbroadcast(1.428606765330187045e-06f), r);
-  VecF p = vbroadcast(1.0f / 5040.0f);
-  for (float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = vfma(p, r, vbroadcast(c));
-  return _mm512_mask_mov_ps(_mm512_scalef_ps(p, nf), _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), vzero());
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, vbroadcast(-87.3f), _CMP_NLT_UQ);
+  const VecF xc = _mm512_min_ps(vbroadcast(88.3f), x);
+  const VecF nf = _mm512_roundscale_ps(vmul(xc, vbroadcast(kExpLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = _mm512_fnmadd_ps(nf, vbroadcast(kExpLn2Hi), xc);
+  r = _mm512_fnmadd_ps(nf, vbroadcast(kExpLn2Lo), r);
+  VecF p = vbroadcast(kExpPoly[0]);
+  for (int i = 1; i < kExpPolyTerms; ++i) p = vfma(p, r, vbroadcast(kExpPoly[i]));
+  return _mm512_maskz_scalef_ps(keep, p, nf);
 }
 
 // 16 lanes of f32, bf16 or f16 bits (exact) as f32.
