@@ -18,6 +18,8 @@ inline VecF vmax(VecF a, VecF b) { return _mm256_max_ps(a, b); }
 inline VecF vzero_if_neg_inf(VecF v) {
   return _mm256_blendv_ps(v, vzero(), _mm256_cmp_ps(v, vbroadcast(-INFINITY), _CMP_EQ_OQ));
 }
+// Whether a <= b in every lane.
+inline bool vall_le(VecF a, VecF b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_LE_OQ)) == 0xff; }
 // s where lo <= pos <= hi, else -inf.
 inline VecF vneg_inf_outside(VecF s, VecF pos, VecF lo, VecF hi) {
   const VecF out = _mm256_or_ps(_mm256_cmp_ps(pos, lo, _CMP_LT_OQ), _mm256_cmp_ps(pos, hi, _CMP_GT_OQ));

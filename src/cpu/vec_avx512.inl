@@ -24,6 +24,8 @@ inline VecF vzero_if_neg_inf(VecF v) {
   return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, vbroadcast(-INFINITY), _CMP_EQ_OQ), vzero());
 }
 inline float vreduce_max(VecF v) { return _mm512_reduce_max_ps(v); }
+// Whether a <= b in every lane.
+inline bool vall_le(VecF a, VecF b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ) == 0xffff; }
 // s where lo <= pos <= hi, else -inf.
 inline VecF vneg_inf_outside(VecF s, VecF pos, VecF lo, VecF hi) {
   const __mmask16 out = _mm512_cmp_ps_mask(pos, lo, _CMP_LT_OQ) | _mm512_cmp_ps_mask(pos, hi, _CMP_GT_OQ);
