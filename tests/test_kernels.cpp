@@ -192,6 +192,14 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       c.window_left = 37;
       c.window_right = 5;
       expect_pass(c);
+      // At lq = 80 the left edge falls one key inside the tile at key 64 for
+      // the last row of the first 16-row block alone (15 + 70 - 20 = 65):
+      // the block must still mask, though its other rows see the tile whole.
+      // Logits of order 1 here, so that the one key wrongly kept would count.
+      c.window_left = 20;
+      c.window_right = -1;
+      c.input_scale = 1.0;
+      expect_pass(c);
     }
 }
 
