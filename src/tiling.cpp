@@ -35,9 +35,10 @@ void choose_blocks(const AttnParams& p, TilePlan& t) {
   t.threads = std::max(1, p.num_threads);
 }
 
-// Causal and window masks cut the tiles along a band: wider tiles there
-// mean more partial tiles, so they keep the narrower ones below.
-bool banded(const AttnParams& p) { return p.causal || p.window_left >= 0 || p.window_right >= 0; }
+// A window's band cuts every tile it touches, and taller or wider tiles
+// add to what its cut tiles compute for nothing, so windows keep the
+// smaller tiles below. (A causal diagonal cuts only the tiles on it.)
+bool windowed(const AttnParams& p) { return p.window_left >= 0 || p.window_right >= 0; }
 
 // Lays out consecutive buffers, each rounded to kAlign bytes. Sizes saturate
 // at kHuge (absurd shapes in a workspace query), which no allocation meets.
@@ -61,9 +62,8 @@ TilePlan plan_forward(const AttnParams& p) {
   // (f32, d = 128, L = 2048, 2 threads, 10 interleaved pairs: 183 -> 210
   // GFLOP/s median), causal too since the rows below the diagonal of a tile
   // it cuts skip the masking (1 thread, both builds at once, L = 2048,
-  // medians: d = 64 94.5 -> 100.3, d = 128 114.8 -> 121.3). A window's band
-  // keeps 128: all its tiles are cut, and taller ones add to the waste.
-  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = p.window_left >= 0 || p.window_right >= 0 ? 128 : 256;
+  // medians: d = 64 94.5 -> 100.3, d = 128 114.8 -> 121.3).
+  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = windowed(p) ? 128 : 256;
   t.group = p.heads_q / std::max<int64_t>(p.heads_kv, 1);
   t.head_rows = std::max<int64_t>(1, std::min(t.block_q / t.group, std::max<int64_t>(p.seqlen_q, 1)));
   t.block_q = t.group * t.head_rows;
@@ -118,9 +118,13 @@ TilePlan plan_backward(const AttnParams& p) {
   // d = 128 121.9 -> 130.8 GFLOP/s, d = 64 114.9 -> 124.5, causal d = 128
   // 105.0 -> 113.7. (Before the single pass they measured slower.) 256 keys
   // without a band, measured the same way: d = 64 131.0 -> 136.3, d = 128
-  // 130.2 -> 134.7; causal d = 64 117.0 -> 113.7, so not there.
+  // 130.2 -> 134.7. Causal too, since partial tiles run their products
+  // only over the keys some row sees (seen_keys; before that, d = 64
+  // 117.0 -> 113.7): 1 thread, both builds at once, d = 64 L = 2048 121.0 ->
+  // 123.5, L = 4096 131.4 -> 135.5; 2 threads, interleaved, L = 8192 d = 64
+  // 256.4 -> 269.2, L = 4096 d = 128 248.2 -> 267.4.
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
-    t.block_k = banded(p) ? 128 : 256;
+    t.block_k = windowed(p) ? 128 : 256;
     t.bk_pad = t.block_k;
   }
   Carver c{t.acc_bytes};
