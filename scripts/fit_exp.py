@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Coefficients of the kernels' exp polynomial (src/cpu/exp_poly.inl).
+"""Coefficients of the kernels' exp polynomial (src/cpu/exp_poly.hpp).
 
 e^r on |r| <= ln2 / 2 as 1 + r + c2 r^2 + ... + c6 r^6: c2..c6 minimize the
 largest relative error |p(r) e^-r - 1| over a dense grid, a linear program.

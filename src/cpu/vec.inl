@@ -100,7 +100,7 @@ inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul
   for (int64_t i = 0; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
 }
 
-// exp(x) for x <= ~88 in f32 (exp_poly.inl): within 2 ulp over the range
+// exp(x) for x <= ~88 in f32 (exp_poly.hpp): within 2 ulp over the range
 // the softmax uses (x <= 0). Results below e^-87.3 flush to 0, exactly 0 for
 // x = -inf. NaN propagates.
 inline float exp_f32(float x) {

@@ -49,7 +49,8 @@ inline VecF vexp(VecF x) {
   VecF p = vbroadcast(kExpPoly[0]);
   for (int i = 1; i < kExpPolyTerms; ++i) p = vfma(p, r, vbroadcast(kExpPoly[i]));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), _mm256_cmp_ps(x, vbroadcast(-87.3f), _CMP_LT_OQ));
+  const VecF below = _mm256_cmp_ps(x, vbroadcast(-87.3f), _CMP_LT_OQ);
+  return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), below);
 }
 
 // 8 lanes of f32, bf16 or f16 bits (exact) as f32.
