@@ -38,9 +38,12 @@ inline float exp_row(float* s, int64_t n, float m) {
 // max, running sum and this step's rescale, as row_max and exp_row give them
 // for one row. With lo and hi ([cols], null for a full tile), key j0 + j
 // counts for row r only in [lo[r], hi[r]] (the causal and window ranges as
-// floats, exact below 2^24).
+// floats, exact below 2^24). mx_pre ([cols], or null), if given, holds the
+// rows' new running max (the old one and the tile's) for the rows the
+// ranges do not cut, which then skip the pass that finds it.
 inline void softmax_cols(float* st, int64_t nj, int64_t cols, int64_t ld, float* m, float* l, float* alpha,
-                         const float* lo = nullptr, const float* hi = nullptr, float j0 = 0) {
+                         const float* lo = nullptr, const float* hi = nullptr, float j0 = 0,
+                         const float* mx_pre = nullptr) {
   for (int64_t c = 0; c < cols; c += kLanes) {
     const VecF m_old = vload(m + c);
     const VecF lv = lo ? vload(lo + c) : vzero(), hv = lo ? vload(hi + c) : vzero();
@@ -58,12 +61,17 @@ inline void softmax_cols(float* st, int64_t nj, int64_t cols, int64_t ld, float*
       }
       mx4[u] = vmax(mx4[u], sj);
     };
-    int64_t j = 0;
-    for (; j + 4 <= nj; j += 4)
+    VecF mx;
+    if (mx_pre && !cut) {
+      mx = vload(mx_pre + c);
+    } else {
+      int64_t j = 0;
+      for (; j + 4 <= nj; j += 4)
 #pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) step(j + u, u);
-    for (; j < nj; ++j) step(j, 0);
-    const VecF mx = vmax(vmax(mx4[0], mx4[1]), vmax(mx4[2], mx4[3]));
+        for (int u = 0; u < 4; ++u) step(j + u, u);
+      for (; j < nj; ++j) step(j, 0);
+      mx = vmax(vmax(mx4[0], mx4[1]), vmax(mx4[2], mx4[3]));
+    }
     // A row with no finite logit yet keeps max -inf; 0 stands in, as in forward_task.
     const VecF mref = vzero_if_neg_inf(mx);
     const VecF a = vexp(vsub(m_old, mref));

@@ -169,7 +169,9 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
 // other than store add the block's sums to C only at the end, as
 // C * rs[r] + sum (add_rows; rs null: C + sum) or C * rs[col] + sum
 // (add_cols): the blocked summation of scale_add without its pass over a copy.
-enum class Epi { store, add_rows, add_cols };
+// store_colmax stores C and raises rs[col] (read and written) to the
+// largest value of its column in the block, with vmax's NaN rule.
+enum class Epi { store, add_rows, add_cols, store_colmax };
 
 template <int Mr, int Nv, Epi E, typename TB>
 inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
@@ -188,6 +190,16 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
       const VecF av = vbroadcast(a[r * a_rs + p * a_cs]);
 #pragma GCC unroll 4
       for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(av, bv[j], acc[r][j]);
+    }
+  }
+  if constexpr (E == Epi::store_colmax) {
+    float* cm = const_cast<float*>(rs);
+#pragma GCC unroll 4
+    for (int j = 0; j < Nv; ++j) {
+      VecF mj = vload(cm + j * kLanes);
+#pragma GCC unroll 16
+      for (int r = 0; r < Mr; ++r) mj = vmax(mj, acc[r][j]);
+      vstore(cm + j * kLanes, mj);
     }
   }
 #pragma GCC unroll 16
@@ -215,7 +227,8 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 template <int Mr, int Nv, Epi E, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
-  const int64_t col_step = E == Epi::add_cols ? 1 : 0;  // add_cols: rs has one entry per column
+  // add_cols and store_colmax: rs has one entry per column
+  const int64_t col_step = E == Epi::add_cols || E == Epi::store_colmax ? 1 : 0;
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes)
     gemm_f32_block<Mr, Nv, E>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step);
