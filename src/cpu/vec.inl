@@ -161,6 +161,19 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
       gemm_block<Acc, 1, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc);
 }
 
+// Asks for one cache line in L2. Inline asm on x86 because GCC 12 deletes a
+// loop whose body is only __builtin_prefetch (to it the loop does nothing);
+// elsewhere the builtin, which that may drop at no cost to correctness.
+inline void prefetch_l2(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#elif defined(__GNUC__)
+  __builtin_prefetch(p, 0, 2);
+#else
+  (void)p;
+#endif
+}
+
 #if FG_VEC_GEMM
 // Mr rows x Nv vectors of columns, all accumulators in registers: per step of
 // k, Nv loads of B and Mr broadcasts of A feed Mr * Nv FMAs. (The unroll
@@ -171,17 +184,26 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs,
 // (add_cols): the blocked summation of scale_add without its pass over a copy.
 // store_colmax stores C and raises rs[col] (read and written) to the
 // largest value of its column in the block, with vmax's NaN rule.
+// With Pf, each step of k also asks L2 for the line pf bytes past one of
+// the A elements it reads: A's elements for the step (a_cs != 1), or, when
+// A's rows run along k (a_cs == 1), a line of row p mod Mr, so that every
+// line of A's rows is asked for once or twice (pf: an A operand read in
+// place, a few rows ahead).
 enum class Epi { store, add_rows, add_cols, store_colmax };
 
-template <int Mr, int Nv, Epi E, typename TB>
+template <int Mr, int Nv, Epi E, bool Pf = false, typename TB>
 inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
-                           int64_t ldb, float* c, int64_t ldc, const float* rs) {
+                           int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf = 0) {
   VecF acc[Mr][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < Nv; ++j) acc[r][j] = vzero();
   for (int64_t p = 0; p < k; ++p) {
+    if constexpr (Pf) {
+      const int64_t r = a_cs == 1 ? p % Mr : 0;
+      prefetch_l2(reinterpret_cast<const char*>(a + r * a_rs + (p - r) * a_cs) + pf);
+    }
     VecF bv[Nv];
 #pragma GCC unroll 4
     for (int j = 0; j < Nv; ++j) bv[j] = vload_as(b + p * ldb + j * kLanes);
@@ -224,42 +246,43 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 }
 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv, Epi E, typename TB>
+template <int Mr, int Nv, Epi E, bool Pf, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   // add_cols and store_colmax: rs has one entry per column
   const int64_t col_step = E == Epi::add_cols || E == Epi::store_colmax ? 1 : 0;
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes)
-    gemm_f32_block<Mr, Nv, E>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step);
+    gemm_f32_block<Mr, Nv, E, Pf>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
   if constexpr (Nv > 2)
     for (; j < n; j += 2 * kLanes)
-      gemm_f32_block<Mr, 2, E>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step);
+      gemm_f32_block<Mr, 2, E, Pf>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
 }
 
 // The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv, Epi E, typename TB>
+template <int R, int Nv, Epi E, bool Pf, typename TB>
 inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   if constexpr (R > 0) {
-    if (rest == R) return gemm_f32_rows<R, Nv, E>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
-    gemm_f32_rest<R - 1, Nv, E>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs);
+    if (rest == R) return gemm_f32_rows<R, Nv, E, Pf>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+    gemm_f32_rest<R - 1, Nv, E, Pf>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
   }
 }
 
 // gemm_nn (or, with an adding epilogue, gemm_nn_acc) with Mr x Nv register
 // blocks; n a multiple of 2 * kLanes, or of kLanes when Nv is 1. B may hold
 // f32, bf16 or f16 (converted exactly as it is loaded).
-template <int Mr, int Nv, Epi E = Epi::store, typename TB>
+template <int Mr, int Nv, Epi E = Epi::store, bool Pf = false, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                     const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr) {
+                     const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr, int64_t pf = 0) {
   FG_DASSERT(n % ((Nv == 1 ? 1 : 2) * kLanes) == 0);
   const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
-    gemm_f32_rows<Mr, Nv, E>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i * rs_step : rs);
-  gemm_f32_rest<Mr - 1, Nv, E>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
-                               rs ? rs + i * rs_step : rs);
+    gemm_f32_rows<Mr, Nv, E, Pf>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i * rs_step : rs,
+                                 pf);
+  gemm_f32_rest<Mr - 1, Nv, E, Pf>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
+                                   rs ? rs + i * rs_step : rs, pf);
 }
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
