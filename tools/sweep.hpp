@@ -115,6 +115,7 @@ struct GridRow {
 struct ShortQuery {
   DType dtype = DType::f32;
   int64_t seqlen_q = 1, seqlen_k = 0, head_dim = 128;
+  std::string layout = "bshd";  // of K and V: "bshd" ([B, L, H, d]) or "bhsd" ([B, H, L, d], a KV cache's)
   double ms = 0;
   double kv_bytes = 0;
   double paired_triad_gbs = NAN;  // median of the triads timed before each round of calls

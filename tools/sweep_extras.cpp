@@ -99,41 +99,52 @@ void run_short_queries(Sweep& s) {
   std::printf("\n(short queries) forward, B=%lld H=%lld d=%lld: K and V bytes read per second, against the triad\n"
               "  (and against a triad timed before each of %d rounds of calls: medians)\n",
               static_cast<long long>(kBatch), static_cast<long long>(kHeads), static_cast<long long>(kDim), rounds);
-  std::printf("  %-5s %4s %7s %10s %10s %9s %12s %9s\n", "dtype", "Lq", "Lk", "ms", "K+V GB/s", "x triad",
-              "paired triad", "x paired");
+  std::printf("  %-5s %4s %4s %7s %10s %10s %9s %12s %9s\n", "dtype", "K/V", "Lq", "Lk", "ms", "K+V GB/s",
+              "x triad", "paired triad", "x paired");
+  // K and V as [B, Lk, H, d], and for f32 also as [B, H, Lk, d] (a head's
+  // rows contiguous, as in many KV caches), where the hardware prefetchers
+  // see other streams (docs/performance.md).
   for (const DType dtype : {DType::f32, DType::bf16})
-    for (const int64_t lk : lengths) {
-      testing::Buffer k = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
-      testing::Buffer v = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
-      fill_uniform(k, 1);
-      fill_uniform(v, 2);
-      for (const int64_t lq : {int64_t{1}, int64_t{16}}) {
-        testing::Case c = Config{dtype, kDim, false, lq}.to_case(threads_of(s));
-        c.seqlen_k = lk;
-        if (!check_config(s, c)) continue;
-        testing::Buffer q = testing::contiguous(dtype, {kBatch, lq, kHeads, kDim});
-        testing::Buffer out = testing::contiguous(dtype, {kBatch, lq, kHeads, kDim});
-        testing::Buffer lse = testing::contiguous(DType::f32, {kBatch, kHeads, lq});
-        fill_uniform(q, 3);
-        Options o;
-        o.num_threads = threads_of(s);
-        const double kv_bytes = static_cast<double>(k.bytes.size() + v.bytes.size());
-        std::vector<double> times, triads, ratios;
-        for (int round = 0; round < rounds; ++round) {
-          triads.push_back(triad.gbs(3));
-          times.push_back(median_call([&] { forward(o, q.view, k.view, v.view, out.view, lse.view); }, 3,
-                                      quick ? 0.05 : 0.2));
-          settle();
-          ratios.push_back(kv_bytes / times.back() / 1e9 / triads.back());
+    for (const int64_t lk : lengths)
+      for (const bool bhsd : {false, true}) {
+        if (bhsd && dtype != DType::f32) continue;
+        testing::Buffer k = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
+        testing::Buffer v = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
+        fill_uniform(k, 1);
+        fill_uniform(v, 2);
+        if (bhsd)  // the same bytes read as [B, H, Lk, d]
+          for (testing::Buffer* x : {&k, &v})
+            x->view = TensorView::strided(x->bytes.data(), dtype, {kBatch, lk, kHeads, kDim},
+                                          {kHeads * lk * kDim, kDim, lk * kDim, 1});
+        for (const int64_t lq : {int64_t{1}, int64_t{16}}) {
+          testing::Case c = Config{dtype, kDim, false, lq}.to_case(threads_of(s));
+          c.seqlen_k = lk;
+          c.layout = bhsd ? testing::Layout::bhsd : testing::Layout::bshd;
+          if (!check_config(s, c)) continue;
+          testing::Buffer q = testing::contiguous(dtype, {kBatch, lq, kHeads, kDim});
+          testing::Buffer out = testing::contiguous(dtype, {kBatch, lq, kHeads, kDim});
+          testing::Buffer lse = testing::contiguous(DType::f32, {kBatch, kHeads, lq});
+          fill_uniform(q, 3);
+          Options o;
+          o.num_threads = threads_of(s);
+          const double kv_bytes = static_cast<double>(k.bytes.size() + v.bytes.size());
+          std::vector<double> times, triads, ratios;
+          for (int round = 0; round < rounds; ++round) {
+            triads.push_back(triad.gbs(3));
+            times.push_back(median_call([&] { forward(o, q.view, k.view, v.view, out.view, lse.view); }, 3,
+                                        quick ? 0.05 : 0.2));
+            settle();
+            ratios.push_back(kv_bytes / times.back() / 1e9 / triads.back());
+          }
+          ShortQuery r{dtype,          lq,         lk, kDim, bhsd ? "bhsd" : "bshd", 1e3 * median(times), kv_bytes,
+                       median(triads), median(ratios)};
+          s.short_queries.push_back(r);
+          std::printf("  %-5s %4s %4lld %7lld %10.3f %10.1f %8.2fx %12.1f %8.2fx\n", dtype_name(dtype),
+                      r.layout.c_str(), static_cast<long long>(lq), static_cast<long long>(lk), r.ms, r.gbs(),
+                      r.gbs() / s.machine.triad_gbs(), r.paired_triad_gbs, r.paired_ratio);
+          std::fflush(stdout);
         }
-        ShortQuery r{dtype, lq, lk, kDim, 1e3 * median(times), kv_bytes, median(triads), median(ratios)};
-        s.short_queries.push_back(r);
-        std::printf("  %-5s %4lld %7lld %10.3f %10.1f %8.2fx %12.1f %8.2fx\n", dtype_name(dtype),
-                    static_cast<long long>(lq), static_cast<long long>(lk), r.ms, r.gbs(),
-                    r.gbs() / s.machine.triad_gbs(), r.paired_triad_gbs, r.paired_ratio);
-        std::fflush(stdout);
       }
-    }
 }
 
 // --- call overhead ----------------------------------------------------------------------

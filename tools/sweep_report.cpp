@@ -90,6 +90,7 @@ std::string extras_json(const Sweep& s, std::string* overhead, std::string* scal
   for (const ShortQuery& q : s.short_queries)
     items.push_back(Json()
                         .add("dtype", dtype_name(q.dtype))
+                        .add("kv_layout", q.layout)
                         .add("seqlen_q", q.seqlen_q)
                         .add("seqlen_k", q.seqlen_k)
                         .add("head_dim", q.head_dim)
@@ -302,11 +303,11 @@ void extras_section(std::ostringstream& md, const Sweep& s) {
         "against the triad's "
      << num(s.machine.triad_gbs())
      << " GB/s, and against a triad timed before each round of calls (paired: the median of the triads, and the "
-        "median of each round's ratio to its own triad).\n\n"
-        "| dtype | Lq | Lk | ms | K+V MiB | K+V GB/s | x triad | paired triad GB/s | x paired |\n"
-     << "|:---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "median of each round's ratio to its own triad). K/V: bshd is [B, Lk, H, d], bhsd [B, H, Lk, d].\n\n"
+        "| dtype | K/V | Lq | Lk | ms | K+V MiB | K+V GB/s | x triad | paired triad GB/s | x paired |\n"
+     << "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const ShortQuery& q : s.short_queries)
-    md << "| " << dtype_name(q.dtype) << " | " << q.seqlen_q << " | " << q.seqlen_k << " | " << ms(q.ms) << " | "
+    md << "| " << dtype_name(q.dtype) << " | " << q.layout << " | " << q.seqlen_q << " | " << q.seqlen_k << " | " << ms(q.ms) << " | "
        << format("%.0f", q.kv_bytes / 1048576.0) << " | " << num(q.gbs()) << " | "
        << num(q.gbs() / s.machine.triad_gbs(), "%.2f") << " | " << num(q.paired_triad_gbs) << " | "
        << num(q.paired_ratio, "%.2f") << " |\n";
