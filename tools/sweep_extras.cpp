@@ -105,13 +105,13 @@ void run_short_queries(Sweep& s) {
   // rows contiguous, as in many KV caches), where the hardware prefetchers
   // see other streams (docs/performance.md).
   for (const DType dtype : {DType::f32, DType::bf16})
-    for (const int64_t lk : lengths)
+    for (const int64_t lk : lengths) {
+      testing::Buffer k = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
+      testing::Buffer v = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
+      fill_uniform(k, 1);
+      fill_uniform(v, 2);
       for (const bool bhsd : {false, true}) {
         if (bhsd && dtype != DType::f32) continue;
-        testing::Buffer k = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
-        testing::Buffer v = testing::contiguous(dtype, {kBatch, lk, kHeads, kDim});
-        fill_uniform(k, 1);
-        fill_uniform(v, 2);
         if (bhsd)  // the same bytes read as [B, H, Lk, d]
           for (testing::Buffer* x : {&k, &v})
             x->view = TensorView::strided(x->bytes.data(), dtype, {kBatch, lk, kHeads, kDim},
@@ -145,6 +145,7 @@ void run_short_queries(Sweep& s) {
           std::fflush(stdout);
         }
       }
+    }
 }
 
 // --- call overhead ----------------------------------------------------------------------
