@@ -191,9 +191,10 @@ inline void prefetch_l2(const char* p) {
 // place, a few rows ahead).
 enum class Epi { store, add_rows, add_cols, store_colmax };
 
-template <int Mr, int Nv, Epi E, bool Pf = false, typename TB>
-inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const TB* b,
-                           int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf = 0) {
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
+inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_cs, const TB* b,
+                           int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+  const int64_t a_rs = A1 ? 1 : a_rs_;
   VecF acc[Mr][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r)
@@ -246,43 +247,54 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs, int64_t a_cs
 }
 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv, Epi E, bool Pf, typename TB>
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   // add_cols and store_colmax: rs has one entry per column
   const int64_t col_step = E == Epi::add_cols || E == Epi::store_colmax ? 1 : 0;
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes)
-    gemm_f32_block<Mr, Nv, E, Pf>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
+    gemm_f32_block<Mr, Nv, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
   if constexpr (Nv > 2)
     for (; j < n; j += 2 * kLanes)
-      gemm_f32_block<Mr, 2, E, Pf>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
+      gemm_f32_block<Mr, 2, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
 }
 
 // The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv, Epi E, bool Pf, typename TB>
+template <int R, int Nv, Epi E, bool Pf, bool A1, typename TB>
 inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   if constexpr (R > 0) {
-    if (rest == R) return gemm_f32_rows<R, Nv, E, Pf>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
-    gemm_f32_rest<R - 1, Nv, E, Pf>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+    if (rest == R) return gemm_f32_rows<R, Nv, E, Pf, A1>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+    gemm_f32_rest<R - 1, Nv, E, Pf, A1>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
   }
+}
+
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
+inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                       const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+  const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
+  int64_t i = 0;
+  for (; i + Mr <= m; i += Mr)
+    gemm_f32_rows<Mr, Nv, E, Pf, A1>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
+                                     rs ? rs + i * rs_step : rs, pf);
+  gemm_f32_rest<Mr - 1, Nv, E, Pf, A1>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
+                                       rs ? rs + i * rs_step : rs, pf);
 }
 
 // gemm_nn (or, with an adding epilogue, gemm_nn_acc) with Mr x Nv register
 // blocks; n a multiple of 2 * kLanes, or of kLanes when Nv is 1. B may hold
-// f32, bf16 or f16 (converted exactly as it is loaded).
+// f32, bf16 or f16 (converted exactly as it is loaded). A with unit row
+// stride (A^T read in place: V^T, P^T, dS^T) gets blocks of its own, whose
+// broadcasts of a column's Mr elements are offsets from one pointer: with
+// a_rs known only at run time, GCC kept Mr row offsets, and at Mr = 16 it
+// spilled them, reloading one before each FMA.
 template <int Mr, int Nv, Epi E = Epi::store, bool Pf = false, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                      const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr, int64_t pf = 0) {
   FG_DASSERT(n % ((Nv == 1 ? 1 : 2) * kLanes) == 0);
-  const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
-  int64_t i = 0;
-  for (; i + Mr <= m; i += Mr)
-    gemm_f32_rows<Mr, Nv, E, Pf>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, rs ? rs + i * rs_step : rs,
-                                 pf);
-  gemm_f32_rest<Mr - 1, Nv, E, Pf>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
-                                   rs ? rs + i * rs_step : rs, pf);
+  if (a_rs == 1) return gemm_f32_m<Mr, Nv, E, Pf, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+  gemm_f32_m<Mr, Nv, E, Pf, false>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
 }
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
