@@ -174,6 +174,16 @@ inline void prefetch_l2(const char* p) {
 #endif
 }
 
+// Hides p's value from the optimizer, which would otherwise fold pointers
+// bumped in a loop back into one base plus the loop's index.
+inline void opaque(const float*& p) {
+#if defined(__GNUC__)
+  asm("" : "+r"(p));
+#else
+  (void)p;
+#endif
+}
+
 #if FG_VEC_GEMM
 // Mr rows x Nv vectors of columns, all accumulators in registers: per step of
 // k, Nv loads of B and Mr broadcasts of A feed Mr * Nv FMAs. (The unroll
@@ -200,7 +210,34 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_c
   for (int r = 0; r < Mr; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < Nv; ++j) acc[r][j] = vzero();
-  for (int64_t p = 0; p < k; ++p) {
+  int64_t p = 0;
+  if constexpr (Nv == 1 && !A1) {
+    if (a_cs == 1) {
+      // Mr rows along k under one vector (the narrow tiles' S^T): each
+      // FMA's broadcast is an offset from its row's pointer, bumped every 4
+      // steps, instead of the row's base plus the step as an index, which
+      // unlaminates the FMA into two uops (decode from L3, 1 thread, both
+      // builds at once: 10.3 -> 11.6 and 10.7 -> 11.3 GB/s).
+      const float* ar[Mr];
+#pragma GCC unroll 16
+      for (int r = 0; r < Mr; ++r) ar[r] = a + r * a_rs;
+      for (; p + 4 <= k; p += 4) {
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          if constexpr (Pf) prefetch_l2(reinterpret_cast<const char*>(ar[(p + u) % Mr]) + pf);
+          const VecF bv = vload_as(b + (p + u) * ldb);
+#pragma GCC unroll 16
+          for (int r = 0; r < Mr; ++r) acc[r][0] = vfma(vbroadcast(ar[r][u]), bv, acc[r][0]);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < Mr; ++r) {
+          ar[r] += 4;
+          opaque(ar[r]);
+        }
+      }
+    }
+  }
+  for (; p < k; ++p) {
     if constexpr (Pf) {
       const int64_t r = a_cs == 1 ? p % Mr : 0;
       prefetch_l2(reinterpret_cast<const char*>(a + r * a_rs + (p - r) * a_cs) + pf);
