@@ -397,17 +397,44 @@ void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
   (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)j0;
 }
 
+// Where a tile the causal or window ranges cut starts, per band of kPad
+// keys: band u's scores from column (query row) col[u] of S^T on, the first
+// kPad-aligned block of rows that sees one of its keys, and P V for rows
+// [pv[u], pv[u + 1]) over bands 0..u only (pv[u]: the least col[u..]; pv[bands] = mq).
+// On a causal diagonal the first band is seen by more rows than the last,
+// so a 64-key tile computes three quarters of its 64 x 64 corner instead
+// of all of it.
+struct TileCut {
+  static constexpr int64_t kMaxBands = kMaxBlockK / kPad;
+  int64_t bands = 0;
+  int64_t col[kMaxBands];
+  int64_t pv[kMaxBands + 1];
+
+  // Rows r < mq see keys [lo[r], hi[r]]; the tile holds keys j0 .. j0 + nj - 1.
+  void set(const int64_t* lo, const int64_t* hi, int64_t mq, int64_t j0, int64_t nj) {
+    bands = ceil_div(nj, kPad);
+    for (int64_t u = 0; u < bands; ++u) {
+      const int64_t a = j0 + u * kPad, z = std::min(a + kPad, j0 + nj);
+      int64_t r = 0;
+      while (r < mq && (lo[r] > hi[r] || hi[r] < a || lo[r] >= z)) ++r;
+      col[u] = r / kPad * kPad;
+    }
+    pv[bands] = mq;
+    for (int64_t u = bands - 1; u >= 0; --u) pv[u] = std::min(col[u], pv[u + 1]);
+  }
+};
+
 // One tile, keys-major: S^T [nj, ms] (row stride mld) into st, the softmax step on m, l and
 // alpha ([ms]) with keys j0.. (sequence-relative) outside [lo, hi] masked (lo
-// null: a full tile), and o [mq, dv_pad] = o * alpha + P V. K rows are read
-// in place when they are contiguous f32, else converted into stage. Rows
-// (columns of S^T) below c0, a multiple of kPad, see no key of the tile and
-// are left as they are.
+// null: a full tile, cut null), and o [mq, dv_pad] = o * alpha + P V. K rows are read
+// in place when they are contiguous f32, else converted into stage. A cut
+// tile computes only the scores and products cut says some row needs; the
+// scores it leaves are masked in the softmax like any unseen key, and rows
+// (columns of S^T) below cut->pv[0] are left as they are.
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                      int64_t mq, const Acc* qt, int64_t ms, int64_t mld, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l,
-                     Acc* alpha,
-                     Acc* o, const Acc* lo, const Acc* hi, int64_t j0, int64_t c0) {
+                     Acc* alpha, Acc* o, const Acc* lo, const Acc* hi, int64_t j0, const TileCut* cut) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     int64_t kr_ld = 0;
@@ -419,22 +446,32 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // the softmax then skips its pass over S^T for the max (f32, L = 2048,
     // 1 thread, both builds at once: d = 64 125.8 -> 127.5, d = 128 133.7 ->
     // 135.8 GFLOP/s).
-    if (!lo) {
-      for (int64_t r = c0; r < ms; ++r) alpha[r] = m[r];
-      gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms - c0, p.head_dim, kr, kr_ld, 1, qt + c0, mld, st + c0,
-                                                      mld, alpha + c0);
-    } else {
-      gemm_nn(nj, ms - c0, p.head_dim, kr, kr_ld, 1, qt + c0, mld, st + c0, mld);
+    if (!cut) {
+      for (int64_t r = 0; r < ms; ++r) alpha[r] = m[r];
+      gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, alpha);
+      softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0), alpha);
+      gemm_nn_acc(mq, dv, nj, st, 1, mld, v, dv, o, dv, alpha, nullptr);
+      return;
     }
-    softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, lo ? lo + c0 : lo, hi ? hi + c0 : hi,
-                 static_cast<float>(j0), lo ? nullptr : alpha + c0);
-    gemm_nn_acc(mq - c0, dv, nj, st + c0, 1, mld, v, dv, o + c0 * dv, dv, alpha + c0, nullptr);
+    for (int64_t u = 0; u < cut->bands; ++u) {
+      const int64_t a = u * kPad, c = cut->col[u];
+      gemm_nn(std::min(kPad, nj - a), ms - c, p.head_dim, kr + a * kr_ld, kr_ld, 1, qt + c, mld, st + a * mld + c,
+              mld);
+    }
+    const int64_t c0 = cut->pv[0];
+    softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, lo + c0, hi + c0, static_cast<float>(j0));
+    for (int64_t u = 0; u < cut->bands; ++u) {
+      const int64_t r0 = cut->pv[u], r1 = cut->pv[u + 1];
+      if (r1 > r0)
+        gemm_nn_acc(r1 - r0, dv, std::min(nj, (u + 1) * kPad), st + r0, 1, mld, v, dv, o + r0 * dv, dv, alpha + r0,
+                    nullptr);
+    }
     return;
   }
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)mld, (void)v,
   (void)stage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0, (void)c0;
+  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0, (void)cut;
 }
 
 template <typename T, typename Acc, typename Tiles>
@@ -518,26 +555,21 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     const int64_t nj = std::min(bk, k_hi - j0);
     const TileKind kind = every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
     if (kind == TileKind::skip) continue;
-    // A causal diagonal's first rows may see none of the tile: keys-major
-    // tiles start at the first kPad-aligned block of rows that do.
-    int64_t c0 = 0;
-    if (kind == TileKind::partial) {
-      while (c0 < mq && (lo[c0] > hi[c0] || hi[c0] < j0 || lo[c0] >= j0 + nj)) ++c0;
-      c0 = c0 / kPad * kPad;
-    }
+    const bool cut = kind == TileKind::partial;
+    TileCut tile_cut;
+    if (cut && keys_major_ranged && !narrow) tile_cut.set(lo, hi, mq, j0, nj);
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
       // Keys-major tiles go without the next tile's prefetch: issued before
       // one, it measured 2% slower (f32, d = 128, L = 4096, 1 thread).
       if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
-        const bool cut = kind == TileKind::partial;
         const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
         if (narrow) {
           narrow_step<T>(p, plan, b, k0 + j0, hk, nj, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
         } else {
           keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
-                             j0, cut ? c0 : 0);
+                             j0, cut ? &tile_cut : nullptr);
         }
         continue;
       }
