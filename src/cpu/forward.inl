@@ -4,7 +4,8 @@
 // an online softmax, so no seqlen_q x seqlen_k buffer exists. Short queries
 // split the keys (TilePlan::splits) and merge the splits' (out, lse) with
 // merge_row in split order. The tile products and their layouts are the
-// Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16.
+// Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16
+// except in tasks that take narrow tiles.
 
 template <typename Acc>
 struct Slice {
@@ -250,6 +251,10 @@ bool narrow_usable(const AttnParams& p, int64_t mq) {
 #endif
 }
 
+// Whether keys-major tiles may take the causal and window cuts: nothing
+// else masks, and key indices stay exact in f32.
+inline bool ranges_exact(const AttnParams& p, int64_t lk) { return !p.mask.data && lk < (int64_t{1} << 24); }
+
 // lse is f32, or f64 alongside f64 storage.
 inline double lse_load(const AttnParams& p, int64_t off) {
   return p.lse_dtype == DType::f64 ? static_cast<const double*>(p.lse.data)[off]
@@ -482,6 +487,15 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   if (mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
   const int64_t k_lo = split * plan.split_k, k_hi = std::min(lk, k_lo + plan.split_k);
   const int64_t mq = plan.group * mqh;  // stacked rows of one K/V head
+  // Narrow tiles with bf16 converted to f32 outrun the bf16 dot products'
+  // row path, whose tiles are padded to 32 rows and whose K and V tiles
+  // are re-laid as pairs (decode on avx512bf16, bf16, d = 128, 8 heads, 2
+  // threads, K+V read per second, medians of 5, Lk = 4096 / 64k: Lq = 8
+  // 5.1 / 5.0 -> 6.4 / 6.8 GB/s, Lq = 16 4.0 / 4.5 -> 6.5 / 5.9, Lq = 31
+  // 2.6 / 2.3 -> 4.3 / 3.0; Lq = 32, not narrow, 2.6 / 2.3 and 2.5 / 2.3).
+  if constexpr (!std::is_same<Tiles, AccTiles<T, Acc>>::value)
+    if (ranges_exact(p, lk) && narrow_usable<T, Acc, AccTiles<T, Acc>>(p, mq))
+      return forward_task<T, Acc, AccTiles<T, Acc>>(p, plan, b, hk0, qb, split, ws, shared);
   const int64_t d = p.head_dim;
   const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
   const int64_t ms = round_up(mq, kPad);  // stride of m, l and alpha per K/V head; columns of Q^T
@@ -511,10 +525,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     l[r] = Acc(0);
   }
   for (int64_t x = 0; x < nh * ms * ldv; ++x) o[x] = Acc(0);
-  // Tiles the causal or window ranges cut take keys-major scores too when
-  // nothing else masks and key indices stay exact in f32. Narrow tiles keep
-  // O^T, so a task takes them only where every tile can.
-  const bool ranged = !p.mask.data && lk < (int64_t{1} << 24);
+  // Tiles the causal or window ranges cut take keys-major scores too
+  // (ranges_exact). Narrow tiles keep O^T, so a task takes them only where
+  // every tile can.
+  const bool ranged = ranges_exact(p, lk);
   const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major_ranged = keys_major && ranged;
