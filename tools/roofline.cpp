@@ -4,8 +4,9 @@
 //   SGEMM      OpenBLAS cblas_sgemm, n = 2048 square, T threads and 1 thread
 //   bf16 GEMM  oneDNN matmul bf16 x bf16 -> f32, n = 2048, T threads (and
 //              oneDNN's f32 matmul beside it); "n/a" when built without oneDNN
-//   tiles      the tile products' shapes (bench/tile_ops.hpp), 1 thread:
-//              OpenBLAS sgemm and flashgrad's own tile product on the same operands
+//   tiles      the kernels' tile products, 1 thread, on the same operands:
+//              OpenBLAS, oneDNN (dnnl_sgemm), BLIS, libxsmm and flashgrad's
+//              own tile product (bench/tile_ops.hpp), taking turns
 //   memory     STREAM triad and memcpy (bandwidth.hpp), T threads
 //
 // Every rate is the median over repeated calls after a warm-up call.
@@ -40,6 +41,7 @@
 #include "dispatch.hpp"
 #include "flashgrad/flashgrad.hpp"
 #include "openblas.hpp"
+#include "small_gemm.hpp"
 #include "system.hpp"
 
 namespace flashgrad::tools {
@@ -56,25 +58,6 @@ struct Settings {
 // The median of `repeats` timed calls after one warm-up, as work per second.
 double median_rate(const std::function<void()>& fn, double work, int repeats) {
   return work / median(time_calls(fn, 1, repeats));
-}
-
-// Work per second of a call that takes microseconds: calls are timed in
-// batches of at least 20 ms, and the median batch is reported.
-double median_rate_small(const std::function<void()>& fn, double work, int batches) {
-  fn();
-  int64_t per_batch = 1;
-  for (double t = 0; t < 0.02; per_batch *= 2) {
-    const double t0 = now_seconds();
-    for (int64_t i = 0; i < per_batch; ++i) fn();
-    t = now_seconds() - t0;
-  }
-  std::vector<double> rates;
-  for (int b = 0; b < batches; ++b) {
-    const double t0 = now_seconds();
-    for (int64_t i = 0; i < per_batch; ++i) fn();
-    rates.push_back(work * static_cast<double>(per_batch) / (now_seconds() - t0));
-  }
-  return median(rates);
 }
 
 double sgemm_gflops(int64_t n, int threads, int repeats) {
@@ -123,51 +106,125 @@ double dnnl_gflops(dnnl::memory::data_type in, int64_t n, int threads, int repea
 }
 #endif
 
-// The products of one tile step (as in bench/micro.cpp): forward, a 128-row
-// query tile against a 64-key tile; backward, 64 x 64 tiles with dS read transposed.
+// The products of one tile step of the kernels at d = 64 and 128, f32. The
+// forward's keys-major tiles (256 query rows, 64 keys) compute
+// S^T = K (scale Q)^T and O += P V with P read from S^T; the backward's
+// (64 query rows, 256 keys) S = Q K^T (and dP = dO V^T), dV += P^T dO (and
+// dK += dS^T Q) with P and dS read transposed, and dQ += dS K.
 struct TileShape {
   const char* name;
-  int64_t m, n, k;
-  bool transposed_a;
+  GemmShape shape;
 };
 const TileShape kTileShapes[] = {
-    {"S = Q K^T and O += P V, d = 64", 128, 64, 64, false},
-    {"S = Q K^T, d = 128", 128, 64, 128, false},
-    {"O += P V, d = 128", 128, 128, 64, false},
-    {"dK += dS^T Q, d = 64", 64, 64, 64, true},
-    {"dK += dS^T Q, d = 128", 64, 128, 64, true},
+    {"fwd S^T = K (scale Q)^T, d = 64", {64, 256, 64, false}},
+    {"fwd S^T = K (scale Q)^T, d = 128", {64, 256, 128, false}},
+    {"fwd O += P V, P read from S^T, d = 64", {256, 64, 64, true}},
+    {"fwd O += P V, P read from S^T, d = 128", {256, 128, 64, true}},
+    {"bwd S = Q K^T, dP = dO V^T, d = 64", {64, 256, 64, false}},
+    {"bwd S = Q K^T, dP = dO V^T, d = 128", {64, 256, 128, false}},
+    {"bwd dV += P^T dO, dK += dS^T Q, d = 64", {256, 64, 64, true}},
+    {"bwd dV += P^T dO, dK += dS^T Q, d = 128", {256, 128, 64, true}},
+    {"bwd dQ += dS K, d = 64", {64, 64, 256, false}},
+    {"bwd dQ += dS K, d = 128", {64, 128, 256, false}},
 };
+
+// Who multiplies the tiles, in the order of TileRate::gflops.
+constexpr const char* kTileLibraries[] = {"OpenBLAS", "oneDNN", "BLIS", "libxsmm", "flashgrad"};
+constexpr int kTileContenders = 5;
 
 struct TileRate {
   TileShape shape;
-  double openblas_gflops = 0;
-  double flashgrad_gflops = NAN;
+  double gflops[kTileContenders] = {NAN, NAN, NAN, NAN, NAN};  // NaN: not built in, or a wrong product
 };
 
-std::vector<TileRate> tile_rates(int batches) {
+// Whether c holds A B to within f32 rounding: |c - AB| <= 2 k u sum |A||B| per element.
+bool product_matches(const GemmShape& s, const std::vector<float>& a, const std::vector<float>& b,
+                     const std::vector<float>& c) {
+  for (int64_t r = 0; r < s.m; ++r)
+    for (int64_t j = 0; j < s.n; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        const double x = a[static_cast<size_t>(s.transposed_a ? p * s.m + r : r * s.k + p)];
+        const double y = b[static_cast<size_t>(p * s.n + j)];
+        sum += x * y;
+        mag += std::fabs(x * y);
+      }
+      const double bound = 2.0 * static_cast<double>(s.k) * 0x1p-24 * mag;
+      if (!(std::fabs(c[static_cast<size_t>(r * s.n + j)] - sum) <= bound)) return false;
+    }
+  return true;
+}
+
+// Each contender's result is checked first; then the contenders take turns,
+// one batch of calls (at least 20 ms) each per round, so that the machine's
+// drift over the rounds reaches them all alike; the median round is reported.
+std::vector<TileRate> tile_rates(int rounds) {
   openblas_set_num_threads(1);
+#if FLASHGRAD_HAVE_DNNL
+  const int omp_threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // oneDNN's sgemm runs on OpenMP
+#endif
   std::vector<TileRate> out;
-  for (const TileShape& s : kTileShapes) {
+  for (const TileShape& t : kTileShapes) {
+    const GemmShape& s = t.shape;
     const std::vector<float> a = testing::uniform_floats(static_cast<size_t>(s.m * s.k), 4),
                              b = testing::uniform_floats(static_cast<size_t>(s.k * s.n), 5);
     std::vector<float> c(static_cast<size_t>(s.m * s.n));
     const int m = static_cast<int>(s.m), n = static_cast<int>(s.n), k = static_cast<int>(s.k);
-    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
-    TileRate r{s};
-    // A is stored [m, k], or [k, m] and read transposed.
-    const CBLAS_TRANSPOSE ta = s.transposed_a ? CblasTrans : CblasNoTrans;
-    const int lda = s.transposed_a ? m : k;
-    r.openblas_gflops = median_rate_small(
-        [&] { cblas_sgemm(CblasRowMajor, ta, CblasNoTrans, m, n, k, 1.0f, a.data(), lda, b.data(), n, 0.0f, c.data(), n); },
-        flops, batches) / 1e9;
+    const int lda = s.transposed_a ? m : k;  // A stored [m, k], or [k, m] and read transposed
+    std::function<void()> calls[kTileContenders];
+    calls[0] = [&] {
+      cblas_sgemm(CblasRowMajor, s.transposed_a ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(),
+                  lda, b.data(), n, 0.0f, c.data(), n);
+    };
+#if FLASHGRAD_HAVE_DNNL
+    calls[1] = [&] {
+      dnnl_sgemm(s.transposed_a ? 'T' : 'N', 'N', s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), s.n, 0.0f, c.data(),
+                 s.n);
+    };
+#endif
+    calls[2] = blis_product(s, a.data(), b.data(), c.data());
+    calls[3] = libxsmm_product(s, a.data(), b.data(), c.data());
 #if FLASHGRAD_HAVE_TILE_OPS
     const bench::TileOps& ops = bench::tile_ops(kernels().isa);
     const int64_t a_rs = s.transposed_a ? 1 : s.k, a_cs = s.transposed_a ? s.m : 1;
-    r.flashgrad_gflops = median_rate_small(
-        [&] { ops.gemm_nn(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), s.n, c.data(), s.n); }, flops, batches) / 1e9;
+    calls[4] = [&] { ops.gemm_nn(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), s.n, c.data(), s.n); };
 #endif
+    int64_t per_batch[kTileContenders] = {};
+    std::vector<double> rates[kTileContenders];
+    for (int x = 0; x < kTileContenders; ++x) {
+      if (!calls[x]) continue;
+      std::fill(c.begin(), c.end(), NAN);
+      calls[x]();
+      if (!product_matches(s, a, b, c)) {
+        std::fprintf(stderr, "flashgrad roofline: %s's product %s is wrong; it is not timed\n", kTileLibraries[x],
+                     t.name);
+        calls[x] = nullptr;
+        continue;
+      }
+      per_batch[x] = 1;
+      for (double secs = 0; secs < 0.02; per_batch[x] *= 2) {
+        const double t0 = now_seconds();
+        for (int64_t i = 0; i < per_batch[x]; ++i) calls[x]();
+        secs = now_seconds() - t0;
+      }
+    }
+    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+    for (int round = 0; round < rounds; ++round)
+      for (int x = 0; x < kTileContenders; ++x) {
+        if (!calls[x]) continue;
+        const double t0 = now_seconds();
+        for (int64_t i = 0; i < per_batch[x]; ++i) calls[x]();
+        rates[x].push_back(flops * static_cast<double>(per_batch[x]) / (now_seconds() - t0) / 1e9);
+      }
+    TileRate r{t};
+    for (int x = 0; x < kTileContenders; ++x)
+      if (!rates[x].empty()) r.gflops[x] = median(rates[x]);
     out.push_back(r);
   }
+#if FLASHGRAD_HAVE_DNNL
+  omp_set_num_threads(omp_threads);
+#endif
   return out;
 }
 
@@ -210,12 +267,15 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
   for (const TileRate& t : r.tiles)
     tiles.push_back(Json()
                         .add("product", t.shape.name)
-                        .add("m", t.shape.m)
-                        .add("n", t.shape.n)
-                        .add("k", t.shape.k)
-                        .add("transposed_a", t.shape.transposed_a)
-                        .add("openblas_gflops", t.openblas_gflops)
-                        .add("flashgrad_gflops", t.flashgrad_gflops)
+                        .add("m", t.shape.shape.m)
+                        .add("n", t.shape.shape.n)
+                        .add("k", t.shape.shape.k)
+                        .add("transposed_a", t.shape.shape.transposed_a)
+                        .add("openblas_gflops", t.gflops[0])
+                        .add("onednn_gflops", t.gflops[1])
+                        .add("blis_gflops", t.gflops[2])
+                        .add("libxsmm_gflops", t.gflops[3])
+                        .add("flashgrad_gflops", t.gflops[4])
                         .str());
   return Json()
       .add("cpu", cpu_model())
@@ -224,6 +284,8 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
       .add("openblas", openblas_version())
       .add("openblas_core", core)
       .add("openblas_core_origin", core_origin)
+      .add("blis", blis_version())
+      .add("libxsmm", libxsmm_version())
       .add("gemm_n", s.gemm_n)
       .add("sgemm_gflops", r.sgemm)
       .add("sgemm_1thread_gflops", r.sgemm_1t)
@@ -251,10 +313,20 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
   std::printf("  f32 GEMM (oneDNN %s) n=%lld:  %s GFLOP/s\n", r.dnnl_impl_f32.c_str(), n, rate_text(r.dnnl_f32).c_str());
   std::printf("  memory: triad %.1f GB/s, memcpy %.1f GB/s (last-level cache %s)\n\n", r.triad, r.copy,
               last_level_cache().c_str());
-  std::printf("  tile products, 1 thread (GFLOP/s):  %-26s %6s %6s %9s %9s\n", "", "m", "n", "OpenBLAS", "flashgrad");
-  for (const TileRate& t : r.tiles)
-    std::printf("  %-62s %6lld %6lld %9.1f %9s\n", t.shape.name, static_cast<long long>(t.shape.m),
-                static_cast<long long>(t.shape.n), t.openblas_gflops, rate_text(t.flashgrad_gflops).c_str());
+  std::printf("  tile products, 1 thread, GFLOP/s (BLIS %s, libxsmm %s):\n", blis_version().c_str(),
+              libxsmm_version().c_str());
+  std::printf("  %-42s %15s", "", "m x n x k");
+  for (const char* name : kTileLibraries) std::printf(" %9s", name);
+  std::printf("\n");
+  for (const TileRate& t : r.tiles) {
+    const GemmShape& g = t.shape.shape;
+    std::printf("  %-42s %15s", t.shape.name,
+                format("%lld x %lld x %lld", static_cast<long long>(g.m), static_cast<long long>(g.n),
+                       static_cast<long long>(g.k))
+                    .c_str());
+    for (double x : t.gflops) std::printf(" %9s", rate_text(x).c_str());
+    std::printf("\n");
+  }
 }
 
 }  // namespace
@@ -281,7 +353,7 @@ int run_roofline(Args& args) {
 #endif
   r.sgemm = sgemm_gflops(s.gemm_n, s.threads, s.repeats);
   r.sgemm_1t = sgemm_gflops(s.gemm_n, 1, s.repeats);
-  r.tiles = tile_rates(s.quick ? 3 : 5);
+  r.tiles = tile_rates(s.quick ? 3 : 7);
   // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
   r.triad_n = s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
   r.triad = Triad(r.triad_n, s.threads).gbs(s.quick ? 3 : 10);
