@@ -4,7 +4,9 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libgtest-dev libbenchmark-dev libdlpack-dev
           libopenblas-dev python3-matplotlib python3-numpy
           python3-dev pybind11-dev python3-torch python3-pytest
-          libdnnl-dev libjemalloc2 libopenmpi-dev openmpi-bin python3-mpi4py)
+          libdnnl-dev libjemalloc2 libopenmpi-dev openmpi-bin python3-mpi4py libblis-dev)
+# The roofline's small-GEMM comparison; Debian builds libxsmm for amd64 only.
+if [ "$(dpkg --print-architecture)" = amd64 ]; then packages+=(libxsmm-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -199,11 +199,16 @@ MachineRates measure_machine(const Sweep& s) {
   m.last_level_cache = llc.empty() ? "unknown" : llc.front();
   const std::vector<std::string> products = json_strings(json, "product");
   const std::vector<double> tm = json_numbers(json, "m"), tn = json_numbers(json, "n"), tk = json_numbers(json, "k");
-  const std::vector<double> ob = json_numbers(json, "openblas_gflops"), fg = json_numbers(json, "flashgrad_gflops");
-  for (size_t i = 0; i < products.size() && i < tm.size() && i < tn.size() && i < tk.size() && i < ob.size() &&
-                     i < fg.size();
-       ++i)
-    m.tiles.push_back({products[i], format("%.0f x %.0f x %.0f", tm[i], tn[i], tk[i]), ob[i], fg[i]});
+  const std::vector<double> ob = json_numbers(json, "openblas_gflops"), od = json_numbers(json, "onednn_gflops"),
+                            bl = json_numbers(json, "blis_gflops"), xs = json_numbers(json, "libxsmm_gflops"),
+                            fg = json_numbers(json, "flashgrad_gflops");
+  const auto at = [](const std::vector<double>& v, size_t i) { return i < v.size() ? v[i] : NAN; };
+  for (size_t i = 0; i < products.size() && i < tm.size() && i < tn.size() && i < tk.size(); ++i)
+    m.tiles.push_back({products[i], format("%.0f x %.0f x %.0f", tm[i], tn[i], tk[i]), at(ob, i), at(od, i),
+                       at(bl, i), at(xs, i), at(fg, i)});
+  const std::vector<std::string> blis = json_strings(json, "blis"), xsmm = json_strings(json, "libxsmm");
+  m.blis = blis.empty() ? "n/a" : blis.front();
+  m.libxsmm = xsmm.empty() ? "n/a" : xsmm.front();
   const auto rate = [](double x) { return std::isfinite(x) ? format("%.1f", x) : std::string("n/a"); };
   std::printf("  SGEMM n=2048 %s GFLOP/s, bf16 GEMM n=2048 %s GFLOP/s (oneDNN %s), triad %s GB/s, memcpy %s GB/s\n",
               rate(m.sgemm_gflops).c_str(), rate(m.bf16_gemm_gflops).c_str(), m.bf16_gemm_impl.c_str(),

@@ -49,10 +49,12 @@ struct MachineRates {
   double triad_gbs = NAN, memcpy_gbs = NAN, triad_array_bytes = NAN;
   std::string bf16_gemm_impl;
   std::string last_level_cache;  // e.g. "L3 260 MiB", from sysfs
-  struct Tile {  // one tile product's shape, OpenBLAS and flashgrad on it, 1 thread
+  struct Tile {  // one tile product's shape and the libraries' and flashgrad's rates on it, 1 thread
     std::string product, shape;
-    double openblas_gflops = NAN, flashgrad_gflops = NAN;
+    double openblas_gflops = NAN, onednn_gflops = NAN, blis_gflops = NAN, libxsmm_gflops = NAN,
+           flashgrad_gflops = NAN;
   };
+  std::string blis, libxsmm;  // versions, "n/a" where not built in
   std::vector<Tile> tiles;
 };
 
