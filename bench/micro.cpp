@@ -86,19 +86,22 @@ void gemm_block_bench(benchmark::State& state, Isa isa) {
   state.SetLabel(std::to_string(m) + "x" + std::to_string(n) + " block");
 }
 
-// The products of one tile step: the forward's 128-row query tile against a
-// 64-key tile, the backward's 64 x 64 tiles (dK += dS^T Q reads dS transposed).
+// The products of one tile step at d = 64 and 128, the shapes of `flashgrad
+// roofline`'s comparison with the small-GEMM libraries: the forward's
+// keys-major tiles are 256 query rows by 64 keys, the backward's 64 query
+// rows by 256 keys.
 struct Product {
   const char* name;
   int64_t m, n, k;
   bool transposed_a;
 };
 const Product kProducts[] = {
-    {"fwd_qkT_d64", 128, 64, 64, false},    // S = Q K^T, and at d = 64 also O += P V
-    {"fwd_qkT_d128", 128, 64, 128, false},  // S = Q K^T
-    {"fwd_pv_d128", 128, 128, 64, false},   // O += P V
-    {"bwd_dsTq_d64", 64, 64, 64, true},     // dK += dS^T Q
-    {"bwd_dsTq_d128", 64, 128, 64, true},
+    {"scores_d64", 64, 256, 64, false},  // forward S^T = K (scale Q)^T; backward S = Q K^T, dP = dO V^T
+    {"scores_d128", 64, 256, 128, false},
+    {"pv_d64", 256, 64, 64, true},  // forward O += P V, P read from S^T; backward dV += P^T dO, dK += dS^T Q
+    {"pv_d128", 256, 128, 64, true},
+    {"dq_d64", 64, 64, 256, false},  // backward dQ += dS K
+    {"dq_d128", 64, 128, 256, false},
 };
 
 void gemm_nn_bench(benchmark::State& state, Isa isa, Product pr) {
