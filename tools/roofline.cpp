@@ -106,24 +106,20 @@ double dnnl_gflops(dnnl::memory::data_type in, int64_t n, int threads, int repea
 }
 #endif
 
-// The products of one tile step of the kernels at d = 64 and 128, f32. The
-// forward's keys-major tiles (256 query rows, 64 keys) compute
-// S^T = K (scale Q)^T and O += P V with P read from S^T; the backward's
-// (64 query rows, 256 keys) S = Q K^T (and dP = dO V^T), dV += P^T dO (and
-// dK += dS^T Q) with P and dS read transposed, and dQ += dS K.
+// The products of one tile step of the kernels at d = 64 and 128, f32 (the
+// shapes of bench/micro.cpp). The forward's keys-major tiles are 256 query
+// rows by 64 keys, the backward's 64 query rows by 256 keys, so the
+// forward's S^T and the backward's S share a shape, and so do the forward's
+// P V and the backward's dV and dK (P and dS read transposed).
 struct TileShape {
   const char* name;
   GemmShape shape;
 };
 const TileShape kTileShapes[] = {
-    {"fwd S^T = K (scale Q)^T, d = 64", {64, 256, 64, false}},
-    {"fwd S^T = K (scale Q)^T, d = 128", {64, 256, 128, false}},
-    {"fwd O += P V, P read from S^T, d = 64", {256, 64, 64, true}},
-    {"fwd O += P V, P read from S^T, d = 128", {256, 128, 64, true}},
-    {"bwd S = Q K^T, dP = dO V^T, d = 64", {64, 256, 64, false}},
-    {"bwd S = Q K^T, dP = dO V^T, d = 128", {64, 256, 128, false}},
-    {"bwd dV += P^T dO, dK += dS^T Q, d = 64", {256, 64, 64, true}},
-    {"bwd dV += P^T dO, dK += dS^T Q, d = 128", {256, 128, 64, true}},
+    {"fwd S^T = K (scale Q)^T; bwd S = Q K^T, dP = dO V^T; d = 64", {64, 256, 64, false}},
+    {"fwd S^T = K (scale Q)^T; bwd S = Q K^T, dP = dO V^T; d = 128", {64, 256, 128, false}},
+    {"fwd O += P V; bwd dV += P^T dO, dK += dS^T Q; d = 64", {256, 64, 64, true}},
+    {"fwd O += P V; bwd dV += P^T dO, dK += dS^T Q; d = 128", {256, 128, 64, true}},
     {"bwd dQ += dS K, d = 64", {64, 64, 256, false}},
     {"bwd dQ += dS K, d = 128", {64, 128, 256, false}},
 };
@@ -315,12 +311,12 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
               last_level_cache().c_str());
   std::printf("  tile products, 1 thread, GFLOP/s (BLIS %s, libxsmm %s):\n", blis_version().c_str(),
               libxsmm_version().c_str());
-  std::printf("  %-42s %15s", "", "m x n x k");
+  std::printf("  %-62s %15s", "", "m x n x k");
   for (const char* name : kTileLibraries) std::printf(" %9s", name);
   std::printf("\n");
   for (const TileRate& t : r.tiles) {
     const GemmShape& g = t.shape.shape;
-    std::printf("  %-42s %15s", t.shape.name,
+    std::printf("  %-62s %15s", t.shape.name,
                 format("%lld x %lld x %lld", static_cast<long long>(g.m), static_cast<long long>(g.n),
                        static_cast<long long>(g.k))
                     .c_str());

@@ -208,12 +208,13 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
           " MiB; last-level cache " + a.last_level_cache + "), " + std::to_string(t) + " threads",
       &MachineRates::triad_gbs, "GB/s");
   row("memcpy (read + write), " + std::to_string(t) + " threads", &MachineRates::memcpy_gbs, "GB/s");
-  md << "\nThe kernels' tile products (f32, the forward's 256-row by 64-key tiles, the backward's 64 by 256), 1 "
+  md << "\nThe kernels' tile products (f32; the forward's tiles are 256 query rows by 64 keys, the backward's 64 by "
+        "256, and P and dS are read transposed), 1 "
         "thread, operands in cache, GFLOP/s at the start: the small-GEMM libraries and flashgrad's own tile product "
         "(`bench/tile_ops.hpp`, isa "
      << isa_name() << ") on the same operands, each result checked first, the five taking turns in rounds (medians). "
      << "OpenBLAS `cblas_sgemm`, oneDNN `dnnl_sgemm`, BLIS " << a.blis << " `bli_sgemm` (general strides), libxsmm "
-     << a.libxsmm << " (`libxsmm_smmdispatch`; P and dS read transposed with its TRANS_B flag).\n\n"
+     << a.libxsmm << " (`libxsmm_smmdispatch`, the transposed operand through its TRANS_B flag).\n\n"
      << "| product | m x n x k | OpenBLAS | oneDNN | BLIS | libxsmm | flashgrad |\n|:---|:---|---:|---:|---:|---:|---:|\n";
   for (const MachineRates::Tile& x : a.tiles)
     md << "| " << x.product << " | " << x.shape << " | " << num(x.openblas_gflops) << " | " << num(x.onednn_gflops)
