@@ -23,7 +23,7 @@ struct Blis {
   Blis() {
     void* lib = nullptr;
     for (const char* name : {"libblis.so.4", "libblis.so"})
-      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND))) break;
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
     if (!lib) return;
     sgemm = reinterpret_cast<decltype(sgemm)>(dlsym(lib, "bli_sgemm"));
     set_threads = reinterpret_cast<decltype(set_threads)>(dlsym(lib, "bli_thread_set_num_threads"));
