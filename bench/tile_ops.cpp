@@ -13,7 +13,8 @@ const TileOps& tile_ops(Isa isa) {
   switch (isa) {
 #if FLASHGRAD_BENCH_X86
     case Isa::avx512:
-    case Isa::avx512bf16: return avx512::table;  // its f32 tile routines are avx512's
+    case Isa::avx512bf16:
+    case Isa::amx: return avx512::table;  // their f32 tile routines are avx512's
     case Isa::avx2: return avx2::table;
 #endif
     default: return scalar::table;

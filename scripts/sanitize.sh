@@ -18,7 +18,8 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 isa=scalar
 grep -qw avx2 /proc/cpuinfo && isa=avx2
 grep -qw avx512bw /proc/cpuinfo && isa=avx512
-others=$(printf '%s\n' scalar avx2 avx512 avx512bf16 | grep -vx "$isa" | paste -sd'|')
+grep -qw amx_bf16 /proc/cpuinfo && build/tools/flashgrad info 2>/dev/null | grep -q "supported:.* amx" && isa=amx
+others=$(printf '%s\n' scalar avx2 avx512 avx512bf16 amx | grep -vx "$isa" | paste -sd'|')
 echo "sanitize: ASan+UBSan suite on the $isa path"
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" -LE mpi || status=1

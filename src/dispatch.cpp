@@ -6,12 +6,16 @@
 
 #if FLASHGRAD_HAVE_X86_KERNELS
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 namespace flashgrad {
 
 namespace {
-constexpr Isa kAll[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16};
+constexpr Isa kAll[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx};
 
 #if FLASHGRAD_HAVE_X86_KERNELS
 // CPUID.(EAX=7, ECX=1):EAX bit 5. Asked directly: not every compiler's
@@ -25,6 +29,29 @@ bool has_avx512_bf16() {
   __cpuid_count(7, 1, a, b, c, d);
   return (a >> 5) & 1u;
 }
+
+// AMX-TILE and AMX-BF16 (CPUID.(EAX=7, ECX=0):EDX bits 24 and 22), their
+// state enabled by the OS (XCR0 bits 17 and 18), and, on Linux, this
+// process allowed to use it (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA, once per process; without it the first tile instruction
+// faults).
+bool has_amx_bf16() {
+#if defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  if (!((d >> 24) & 1u) || !((d >> 22) & 1u)) return false;
+  __cpuid(1, a, b, c, d);
+  if (!((c >> 27) & 1u)) return false;  // OSXSAVE: xgetbv usable
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 #endif
 }  // namespace
 
@@ -34,6 +61,7 @@ const char* isa_to_string(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
     case Isa::avx512bf16: return "avx512bf16";
+    case Isa::amx: return "amx";
   }
   return "?";
 }
@@ -54,6 +82,10 @@ bool cpu_supports(Isa isa) {
       static const bool yes = cpu_supports(Isa::avx512) && has_avx512_bf16();
       return yes;
     }
+    case Isa::amx: {
+      static const bool yes = cpu_supports(Isa::avx512bf16) && has_amx_bf16();
+      return yes;
+    }
 #else
     default: return false;
 #endif
@@ -68,8 +100,8 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
-// avx512bf16 stays opt-in (dispatch.hpp): of the supported ISAs, the last one
-// before it.
+// avx512bf16 stays opt-in (dispatch.hpp): the last supported ISA other
+// than it.
 Isa default_isa() {
   Isa best = Isa::scalar;
   for (Isa isa : supported_isas())
@@ -87,6 +119,7 @@ const KernelTable& kernels_for(Isa isa) {
   }
   switch (isa) {
 #if FLASHGRAD_HAVE_X86_KERNELS
+    case Isa::amx: return cpu::amx::table;
     case Isa::avx512bf16: return cpu::avx512bf16::table;
     case Isa::avx512: return cpu::avx512::table;
     case Isa::avx2: return cpu::avx2::table;
@@ -102,7 +135,7 @@ const KernelTable& choose() {
     for (Isa isa : kAll)
       if (std::strcmp(env, isa_to_string(isa)) == 0) return kernels_for(isa);
     throw Error(std::string("flashgrad::isa: environment variable 'FLASHGRAD_ISA': expected scalar, avx2, "
-                            "avx512 or avx512bf16, got '") + env + "'");
+                            "avx512, avx512bf16 or amx, got '") + env + "'");
   }
   return kernels_for(default_isa());
 }

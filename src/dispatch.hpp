@@ -1,12 +1,16 @@
 // Run-time ISA dispatch. One kernel source (src/cpu/kernels.inl) is compiled
 // once per ISA; the table for the best ISA the CPU has is chosen once, at first
-// use. FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16 forces one.
+// use. FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16|amx forces one.
 //
 // avx512bf16 is avx512 with bf16 storage's forward on AVX512_BF16 dot
 // products. It is never chosen on its own: on the Intel CPU it was measured
 // on (Emerald Rapids) vdpbf16ps issues once per two cycles, half the f32 FMA
 // rate, and FMAs mixed in do not overlap it, so its forward is slower than
 // avx512's f32 tiles (docs/design.md, "bf16 on AVX512_BF16").
+//
+// amx is avx512 with bf16 storage's forward products and the backward's
+// recomputed S on AMX-BF16 tiles, chosen where the CPU and the OS allow it
+// (docs/design.md, "bf16 on AMX").
 #pragma once
 
 #include <vector>
@@ -16,7 +20,7 @@
 
 namespace flashgrad {
 
-enum class Isa { scalar, avx2, avx512, avx512bf16 };
+enum class Isa { scalar, avx2, avx512, avx512bf16, amx };
 
 struct KernelTable {
   Isa isa;
@@ -33,7 +37,7 @@ bool cpu_supports(Isa isa);
 // ISAs this CPU can run, in enum order.
 std::vector<Isa> supported_isas();
 // The ISA kernels() uses when FLASHGRAD_ISA is not set: the best this CPU
-// has, avx512bf16 aside.
+// has (amx over avx512), avx512bf16 aside.
 Isa default_isa();
 // The table in use (honours FLASHGRAD_ISA; throws Error if it names an ISA the CPU lacks).
 const KernelTable& kernels();
@@ -45,6 +49,7 @@ namespace scalar { extern const KernelTable table; }
 namespace avx2 { extern const KernelTable table; }
 namespace avx512 { extern const KernelTable table; }
 namespace avx512bf16 { extern const KernelTable table; }
+namespace amx { extern const KernelTable table; }
 }  // namespace cpu
 
 }  // namespace flashgrad

@@ -444,7 +444,7 @@ Report compare_with_reference(const Problem& p, const Outputs& ker, bool backwar
 const char* forced_isa_missing() {
   const char* env = std::getenv("FLASHGRAD_ISA");
   if (!env) return nullptr;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16})
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) return env;
   return nullptr;
 }

@@ -390,7 +390,8 @@ static void test_isa(void) {
   const char* isa = fg_isa();
   CHECK(isa != NULL);
   if (isa) {
-    CHECK(strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0);
+    CHECK(strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0 ||
+          strcmp(isa, "amx") == 0);
     printf("isa: %s\n", isa);
   }
 }

@@ -331,19 +331,22 @@ TEST_F(Kernels, DropoutMaskMatchesRequestedRate) {
 }
 
 
-// The avx512bf16 path: bf16 storage's forward on AVX512_BF16 dot products
-// (Bf16DotTiles in forward.inl). kernels() never picks it by itself, so these
-// tests call its table directly: the forward through it, the backward (the
-// avx512 one either way) through the API. They run under the avx512 label.
-class Bf16DotProducts : public ::testing::Test {
+// The bf16 forwards of the avx512bf16 path (AVX512_BF16 dot products,
+// Bf16DotTiles in forward.inl) and of the amx path (AMX-BF16 tiles,
+// AmxTiles), whatever kernels() picks: these tests call the path's table
+// directly for the forward, the backward (the avx512 one either way) through
+// the API. Each runs under its own path's label.
+class Bf16Forward : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
-    if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+    if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU lacks " << isa_to_string(GetParam());
     const char* env = std::getenv("FLASHGRAD_ISA");
-    if (env && *env && std::strcmp(env, "avx512") != 0 && std::strcmp(env, "avx512bf16") != 0)
-      GTEST_SKIP() << "runs under the avx512 label";
+    if (env && *env && std::strcmp(env, isa_to_string(GetParam())) != 0)
+      GTEST_SKIP() << "runs under the " << isa_to_string(GetParam()) << " label";
   }
 };
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Forward, ::testing::Values(Isa::avx512bf16, Isa::amx),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return std::string(isa_to_string(i.param)); });
 
 // out and lse of c's forward through one kernel table.
 void forward_with(const KernelTable& table, const Problem& p, Outputs& o) {
@@ -357,21 +360,21 @@ void forward_with(const KernelTable& table, const Problem& p, Outputs& o) {
   table.forward(prm, plan, std::align(static_cast<size_t>(kAlign), static_cast<size_t>(plan.total_bytes()), base, space));
 }
 
-void expect_bf16_dot_pass(const Case& c) {
+void expect_bf16_forward_pass(Isa isa, const Case& c) {
   Problem p = make_problem(c);
   Outputs o = make_outputs(p, false);
-  forward_with(kernels_for(Isa::avx512bf16), p, o);
+  forward_with(kernels_for(isa), p, o);
   Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
   if (o.dsinks.present()) g.dsinks = o.dsinks.view;
   if (o.dbias.present()) g.dbias = o.dbias.view;
   flashgrad::backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
   const Report r = compare_with_reference(p, o, true);
-  EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on avx512bf16\n" << r.table();
+  EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_to_string(isa) << "\n" << r.table();
 }
 
 // Odd head dims and odd key counts pad the last pair with zero; the padded
 // layout (head_dim strided) takes the element-wise packing.
-TEST_F(Bf16DotProducts, OddDimsAndKeyCountsPassTheToleranceRule) {
+TEST_P(Bf16Forward, OddDimsAndKeyCountsPassTheToleranceRule) {
   const std::vector<std::pair<int64_t, int64_t>> dims = {{1, 1},   {3, 5},   {17, 9},    {33, 31},
                                                          {64, 64}, {127, 65}, {128, 128}, {256, 256}};
   for (auto [d, dv] : dims)
@@ -383,20 +386,20 @@ TEST_F(Bf16DotProducts, OddDimsAndKeyCountsPassTheToleranceRule) {
       c.head_dim = d;
       c.head_dim_v = dv;
       c.causal = lk == 130;
-      c.name = "bf16dot_d" + std::to_string(d) + "_dv" + std::to_string(dv) + "_lk" + std::to_string(lk);
-      expect_bf16_dot_pass(c);
+      c.name = "bf16_d" + std::to_string(d) + "_dv" + std::to_string(dv) + "_lk" + std::to_string(lk);
+      expect_bf16_forward_pass(GetParam(), c);
     }
   for (Layout l : {Layout::bhsd, Layout::padded}) {
     Case c = base(DType::bf16);
     c.head_dim = 33;
     c.head_dim_v = 7;
     c.layout = l;
-    c.name = "bf16dot_layout";
-    expect_bf16_dot_pass(c);
+    c.name = "bf16_layout";
+    expect_bf16_forward_pass(GetParam(), c);
   }
 }
 
-TEST_F(Bf16DotProducts, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
+TEST_P(Bf16Forward, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   std::vector<Case> cs;
   Case c = base(DType::bf16);
   cs.push_back(c);
@@ -408,18 +411,24 @@ TEST_F(Bf16DotProducts, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   c = base(DType::bf16); c.dropout_p = 0.25; cs.push_back(c);
   c = base(DType::bf16); c.softmax_scale = 0.3; cs.push_back(c);
   c = base(DType::bf16); c.seqlens_q = {5, 0, 70, 1}; c.seqlens_k = {9, 4, 131, 0}; cs.push_back(c);
-  // 3 query rows (6 stacked) take the dot products' row path, 8 (16) the f32 narrow tiles.
+  // 3 query rows (6 stacked) take the path's row tiles, 8 (16) the f32 narrow tiles.
   for (int64_t lq : {3, 8}) {
     c = base(DType::bf16); c.seqlen_q = lq; c.seqlen_k = 2 * 2048 + 37; c.head_dim = 16; c.head_dim_v = 8;
     c.causal = true; c.sinks = true; cs.push_back(c);
   }
-  // Logits ~1e32: the backward recomputes S with f32 tiles and needs
-  // S - lse <= 0 from the forward's lse, which holds bit for bit only with a
-  // power-of-two scale (ScoresMatchTheF32TilesBitForBit); d = 64 has one.
-  c = base(DType::bf16); c.head_dim = 64; c.input_scale = 1e16; c.causal = true; cs.push_back(c);
+  // Logits ~1e32: the backward needs S - lse <= 0 from the forward's lse, so
+  // it must recompute S bit for bit as the forward computed it: on
+  // avx512bf16 the f32 tiles do, with a power-of-two scale
+  // (ScoresMatchTheF32TilesBitForBit; d = 64 has one), and on amx the
+  // backward recomputes S on AMX tiles. 8 query rows (16 stacked) are the
+  // f32 narrow tiles on avx512bf16 and AMX tiles on amx.
+  for (int64_t lq : {33, 8}) {
+    c = base(DType::bf16); c.seqlen_q = lq; c.head_dim = 64; c.input_scale = 1e16; c.causal = true;
+    cs.push_back(c);
+  }
   for (auto& x : cs) {
-    x.name = "bf16dot_features";
-    expect_bf16_dot_pass(x);
+    x.name = "bf16_features";
+    expect_bf16_forward_pass(GetParam(), x);
   }
 }
 
@@ -429,7 +438,11 @@ TEST_F(Bf16DotProducts, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
 // P V runs on P rounded to bf16.) The key padding mask keeps the f32
 // forward on its row-wise softmax: keys-major and narrow tiles take no mask,
 // and sum each row's exponentials in another order.
-TEST_F(Bf16DotProducts, ScoresMatchTheF32TilesBitForBit) {
+class Bf16DotProducts : public Bf16Forward {};
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16DotProducts, ::testing::Values(Isa::avx512bf16),
+                         [](const ::testing::TestParamInfo<Isa>& i) { return std::string(isa_to_string(i.param)); });
+
+TEST_P(Bf16DotProducts, ScoresMatchTheF32TilesBitForBit) {
   for (auto [d, scale] : {std::pair{int64_t{64}, 0.0}, std::pair{int64_t{17}, 0.25}, std::pair{int64_t{128}, 0.0625}}) {
     Case c = base(DType::bf16);
     c.seqlen_q = 15;

@@ -58,17 +58,74 @@ KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind ki
   return {a, std::max<int64_t>(0, end - a)};
 }
 
+// How a task recomputes S = scale q k^T: as the forward that made lse
+// computed it, so that S - lse <= 0 holds bit for bit. F32Scores: f32
+// tiles of the pre-scaled q (every path's forward but amx's bf16 one); the
+// K^T tile kt [d, bk_pad] is the caller's.
+template <typename T, typename Acc>
+struct F32Scores {
+  F32Scores(const TilePlan&, Slice<Acc>) {}
+  static constexpr bool kOwnKt = false;  // kt is loaded by the caller
+  void load_q(const AttnParams&, const TilePlan&, const HeadCtx<Acc>&, const QueryBlock<Acc>&) {}
+  void load_kt(const AttnParams&, const TilePlan&, int64_t, int64_t, int64_t, int64_t, Acc*, Acc*) {}
+  // s [mq, lds] (row stride bk_ld) from the keys at columns a.. of kt.
+  void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<Acc>& qb, const Acc* kt, int64_t a,
+          int64_t lds, Acc* s) const {
+    gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt + a, plan.bk_ld, s, plan.bk_ld);
+  }
+};
+
+#if FG_AMX
+// bf16 on the amx path: S on AMX tiles from q and K as bf16 pairs, the
+// scale applied after, exactly as AmxTiles' forward computes it (a score
+// depends only on its q row, its key and the fixed 16-pair steps). kt then
+// holds K^T as pairs [dqk_pad / 2, bk_ld].
+struct AmxScores {
+  uint32_t* qp;
+  explicit AmxScores(const TilePlan& plan, Slice<float> ws)
+      : qp(reinterpret_cast<uint32_t*>(ws.at(plan.bwd.q_pairs))) {
+    amx_configure();
+  }
+  ~AmxScores() { _tile_release(); }
+  AmxScores(const AmxScores&) = delete;
+  AmxScores& operator=(const AmxScores&) = delete;
+  static constexpr bool kOwnKt = true;
+  void load_q(const AttnParams& p, const TilePlan& plan, const HeadCtx<float>& ctx, const QueryBlock<float>& qb) {
+    const int64_t dp = plan.dqk_pad / 2, q0 = p.q_start(ctx.b) + qb.i0;
+    for (int64_t r = 0; r < qb.mq; ++r) Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
+  }
+  // Keys [seq0, seq0 + nj) of head hk as K^T pairs into kt, staged in stage ([bk_pad, dqk_pad / 2]).
+  void load_kt(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+               float* kt, float* stage) {
+    const int64_t dp = plan.dqk_pad / 2;
+    auto* st = reinterpret_cast<uint32_t*>(stage);
+    for (int64_t r = 0; r < nj; ++r) Bf16DotTiles::load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, st + r * dp);
+    std::memset(st + nj * dp, 0, static_cast<size_t>((plan.bk_pad - nj) * dp) * 4);
+    transpose(plan.bk_pad, dp, stage, dp, kt, plan.bk_ld);
+  }
+  void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<float>& qb, const float* kt, int64_t a,
+          int64_t lds, float* s) const {
+    const int64_t dp = plan.dqk_pad / 2, ld = plan.bk_ld;
+    gemm_amx(qb.mq, lds, dp, qp, dp, reinterpret_cast<const uint32_t*>(kt) + a, ld, s, ld);
+    const float scale = static_cast<float>(p.scale);
+    for (int64_t r = 0; r < qb.mq; ++r)
+      for (int64_t c = 0; c < lds; ++c) s[r * ld + c] *= scale;
+  }
+};
+#endif
+
 // One (query block, key block) step over the block's keys [j0, j0 + nj),
 // lds = round_up(nj, kPad) columns. In: qb, kt [d, lds], vt [dv, lds].
 // Out: s = dropout(P) and dp = dS (w.r.t. the pre-softcap score), both
 // [mq, lds]. All four have row stride bk_ld. dS before the softcap factor
-// is added into dbias_rows if given.
-template <typename Acc>
+// is added into dbias_rows if given. The keys start at column a of kt and vt.
+template <typename Acc, typename Scores>
 void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
-               const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Acc* kt,
-               const Acc* vt, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
+               const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Scores& scores,
+               const Acc* kt, const Acc* vt, int64_t a, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
   const int64_t lds = round_up(nj, kPad), ld = plan.bk_ld;
-  gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt, ld, s, ld);
+  scores.qk(p, plan, qb, kt, a, lds, s);
+  vt += a;
   gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, ld, dp, ld);
   const bool capped = ctx.softcap > 0;
   const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
@@ -140,9 +197,9 @@ void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
 
 // dq_acc, when given (the single pass), receives dS K for every query row of
 // the group: [group, seqlen_q, dqk_pad], rows of head hk * group + g at g.
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Scores>
 void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
-                   const Acc* delta_all, Slice<Acc> ws, Acc* dq_acc = nullptr) {
+                   const Acc* delta_all, Slice<Acc> ws, Scores& scores, Acc* dq_acc = nullptr) {
   const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
   if (j0 >= lk) return;
   const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
@@ -150,11 +207,12 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
   Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp), *k = ws.at(L.k);
+  if (Scores::kOwnKt) scores.load_kt(p, plan, b, k0, hk, nj, kt, tmp);
   if (dq_acc) {  // K row-major for dQ += dS K, and its transpose for S = Q K^T
     load_tile<T>(p.k, b, k0, hk, nj, p.head_dim, ldq, k);
     for (int64_t x = nj * ldq; x < plan.bk_pad * ldq; ++x) k[x] = Acc(0);
-    transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_ld);
-  } else {
+    if (!Scores::kOwnKt) transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_ld);
+  } else if (!Scores::kOwnKt) {
     load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_ld, kt, tmp);
   }
   load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, plan.bk_ld, vt, tmp);
@@ -170,6 +228,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb);
+      scores.load_q(p, plan, ctx, qb);
       // The next query block's rows (or the next head's first) into L2 while this one computes.
       const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
       if (hn < (hk + 1) * group) {
@@ -178,7 +237,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
       const KeySpan ks = seen_keys(qb, j0, nj, kind);
-      tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, kt + ks.a, vt + ks.a, s, dp, t,
+      tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, scores, kt, vt, ks.a, s, dp, t,
                 nullptr);
       // dV += P^T dO, dK += dS^T (scale Q) over the seen keys' rows
       gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
@@ -197,9 +256,9 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   }
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Scores>
 void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
-                 const Acc* delta_all, Slice<Acc> ws) {
+                 const Acc* delta_all, Slice<Acc> ws, Scores& scores) {
   const HeadCtx<Acc> ctx(p, b, h);
   const int64_t i0 = qblk * plan.block_q;
   if (i0 >= ctx.lq) return;
@@ -210,6 +269,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
   Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a), *tmp = ws.at(L.tmp);
   row_ranges(ctx, qb);
   load_query_block<T>(p, plan, ctx, delta_all, qb);
+  scores.load_q(p, plan, ctx, qb);
   for (int64_t x = 0; x < qb.mq * ldq; ++x) dq[x] = Acc(0);
   void* dbias_rows = nullptr;
   if (p.dbias.data) {
@@ -225,12 +285,13 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
     if (kind == TileKind::skip) continue;
     // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
+    if (Scores::kOwnKt) scores.load_kt(p, plan, b, k0 + j0, ctx.hk, nj, kt, tmp);
     load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
     for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
-    transpose(lds, ldq, k, ldq, kt, ld);
+    if (!Scores::kOwnKt) transpose(lds, ldq, k, ldq, kt, ld);
     load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
     const KeySpan ks = seen_keys(qb, j0, nj, kind);
-    tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, kt + ks.a, vt + ks.a, s, dp, t,
+    tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, scores, kt, vt, ks.a, s, dp, t,
               dbias_rows);
     gemm_nn_acc(qb.mq, ldq, ks.w, dp, ld, 1, k + ks.a * ldq, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
   }
@@ -243,14 +304,14 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
 // The single pass: one task per (batch, K/V head) walks its key blocks in
 // order and keeps the group's dQ in its own f32 accumulator, so every output
 // has one owner and one summation order, whatever the thread count.
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Scores>
 void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, const Acc* delta_all,
-                    Slice<Acc> ws) {
+                    Slice<Acc> ws, Scores& scores) {
   const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
   Acc* dq_acc = ws.at(plan.bwd.dq_acc);
   for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
   for (int64_t kblk = 0; kblk < ceil_div(p.len_k(b), plan.block_k); ++kblk)
-    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, dq_acc);
+    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, scores, dq_acc);
   const int64_t q0 = p.q_start(b);
   for (int64_t g = 0; g < group; ++g)
     for (int64_t i = 0; i < p.len_q(b); ++i)
@@ -258,7 +319,7 @@ void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_
                       row_offset(p.dq, b, q0 + i, hk * group + g), p.dq.dim_stride, static_cast<Acc>(p.scale));
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, typename Scores = F32Scores<T, Acc>>
 void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
   const int64_t nkb = ceil_div(p.seqlen_k, plan.block_k);
@@ -278,13 +339,16 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   });
   if (plan.fused) {
     parallel_for(p.batch * p.heads_kv, plan.threads, [&](int64_t task, int thread) {
-      backward_fused<T, Acc>(p, plan, task / p.heads_kv, task % p.heads_kv, delta,
-                             Slice<Acc>{base + thread * per_thread});
+      const Slice<Acc> ws{base + thread * per_thread};
+      Scores scores(plan, ws);
+      backward_fused<T, Acc>(p, plan, task / p.heads_kv, task % p.heads_kv, delta, ws, scores);
     });
   } else {
     parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
       const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
-      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, Slice<Acc>{base + thread * per_thread});
+      const Slice<Acc> ws{base + thread * per_thread};
+      Scores scores(plan, ws);
+      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, ws, scores);
     });
   }
   // A dbias broadcast over batch or heads sums over them: one task then owns
@@ -295,9 +359,11 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
     parallel_for(nb * nh * nqb, plan.threads, [&](int64_t task, int thread) {
       const int64_t qblk = task % nqb, gh = task / nqb % nh, gb = task / nqb / nh;
       const int64_t b_end = nb == p.batch ? gb + 1 : p.batch, h_end = nh == p.heads_q ? gh + 1 : p.heads_q;
+      const Slice<Acc> ws{base + thread * per_thread};
+      Scores scores(plan, ws);
       for (int64_t b = nb == p.batch ? gb : 0; b < b_end; ++b)
         for (int64_t h = nh == p.heads_q ? gh : 0; h < h_end; ++h)
-          backward_dq<T, Acc>(p, plan, b, h, qblk, delta, Slice<Acc>{base + thread * per_thread});
+          backward_dq<T, Acc>(p, plan, b, h, qblk, delta, ws, scores);
     });
   if (p.dsinks) {
     for (int64_t h = 0; h < p.heads_q; ++h) {

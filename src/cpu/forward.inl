@@ -5,7 +5,7 @@
 // split the keys (TilePlan::splits) and merge the splits' (out, lse) with
 // merge_row in split order. The tile products and their layouts are the
 // Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16
-// except in tasks that take narrow tiles.
+// and AmxTiles for bf16 on AMX-BF16, except in tasks that take narrow tiles.
 
 template <typename Acc>
 struct Slice {
@@ -189,6 +189,49 @@ struct Bf16DotTiles {
     scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
 };
+#endif
+
+template <typename Tiles>
+constexpr bool kAmxTiles = false;
+
+#if FG_AMX
+// bf16 storage on AMX-BF16 tiles (kernels_amx.cpp): Bf16DotTiles' layouts,
+// both products on TDPBF16PS, whose sums differ from the f32 tiles' by
+// rounding (vec_avx512.inl), so lse does too, by about an ulp of S. The tile
+// registers are configured per task and released with it.
+struct AmxTiles : Bf16DotTiles {
+  AmxTiles(const AttnParams& p, int64_t mq) : Bf16DotTiles(p, mq) { amx_configure(); }
+  ~AmxTiles() { _tile_release(); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+  // As Bf16DotTiles, with V's pair rows zero up to the 16-pair step the P V
+  // product reads (stale rows would meet P's zeros: 0 * inf = NaN).
+  void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+               float* kt, float* v, float* stage) {
+    Bf16DotTiles::load_kv(p, plan, b, seq0, hk, nj, kt, v, stage);
+    const int64_t rows = (nj + 1) / 2, padded = round_up(rows, int64_t{16});
+    std::memset(v + rows * plan.dv_pad, 0, static_cast<size_t>((padded - rows) * plan.dv_pad) * sizeof(float));
+  }
+  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
+                 float* s) {
+    (void)d;
+    const int64_t lds = plan.bk_pad;
+    gemm_amx(mq, lds, plan.dqk_pad / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
+             reinterpret_cast<const uint32_t*>(kt), lds, s, lds);
+    for (int64_t x = 0; x < mq * lds; ++x) s[x] *= scale;
+  }
+  // P's columns from nj on are exp(-inf) = 0.
+  void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
+          float* pv) const {
+    const int64_t lds = plan.bk_pad;
+    for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
+    gemm_amx(mq, plan.dv_pad, round_up((nj + 1) / 2, int64_t{16}), reinterpret_cast<const uint32_t*>(s), lds,
+             reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad);
+    scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
+  }
+};
+template <>
+constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
 // Keys-major score tiles: tiles without mask, bias, softcap, ALiBi or
@@ -493,7 +536,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // threads, K+V read per second, medians of 5, Lk = 4096 / 64k: Lq = 8
   // 5.1 / 5.0 -> 6.4 / 6.8 GB/s, Lq = 16 4.0 / 4.5 -> 6.5 / 5.9, Lq = 31
   // 2.6 / 2.3 -> 4.3 / 3.0; Lq = 32, not narrow, 2.6 / 2.3 and 2.5 / 2.3).
-  if constexpr (!std::is_same<Tiles, AccTiles<T, Acc>>::value)
+  // (Not on the amx path: its backward recomputes every bf16 score on AMX.)
+  if constexpr (!std::is_same<Tiles, AccTiles<T, Acc>>::value && !kAmxTiles<Tiles>)
     if (ranges_exact(p, lk) && narrow_usable<T, Acc, AccTiles<T, Acc>>(p, mq))
       return forward_task<T, Acc, AccTiles<T, Acc>>(p, plan, b, hk0, qb, split, ws, shared);
   const int64_t d = p.head_dim;

@@ -196,3 +196,71 @@ inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64
   }
 }
 #endif
+
+#if FG_AMX
+// AMX-BF16, compiled only in kernels_amx.cpp, on the pair layouts above.
+// TDPBF16PS sums a 16-pair step's products in an order and precision of its
+// own (on the dev CPU its results match none of: index-order FMAs, pairs
+// added then summed, each step summed exactly then added), so its products
+// differ from the f32 tiles' by rounding. Every tile register holds 16 rows
+// of 64 bytes: tmm0-3 a 32 x 32 block of C, tmm4-5 two 16-row slices of A,
+// tmm6-7 two 16-column slices of B.
+inline void amx_configure() {
+  alignas(64) uint8_t cfg[64] = {};
+  cfg[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;  // bytes per row (little-endian u16)
+    cfg[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(cfg);
+}
+
+// c[32, 32] = a[32, kp] b[kp, 32] in pairs (kp a multiple of 16; strides in words).
+inline void amx_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c,
+                      int64_t ldc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t sa = lda * 4, sb = ldb * 4;
+  for (int64_t k = 0; k < kp; k += 16) {
+    _tile_loadd(4, a + k, sa);
+    _tile_loadd(5, a + 16 * lda + k, sa);
+    _tile_loadd(6, b + k * ldb, sb);
+    _tile_loadd(7, b + k * ldb + 16, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  const int64_t sc = ldc * 4;
+  _tile_stored(0, c, sc);
+  _tile_stored(1, c + 16, sc);
+  _tile_stored(2, c + 16 * ldc, sc);
+  _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+constexpr int64_t kAmxMaxPairs = 256;  // head_dim <= 512
+
+// C[m, 0..n) = sum_p A[m, p] . B[p, 0..n) over kp pairs (n a multiple of 32,
+// kp of 16, kp <= kAmxMaxPairs), tiles configured by amx_configure. Rows
+// past m are neither read nor written: the last m mod 32 rows go through
+// zero-padded copies.
+inline void gemm_amx(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                     int64_t ldb, float* c, int64_t ldc) {
+  FG_DASSERT(n % 32 == 0 && kp % 16 == 0 && kp <= kAmxMaxPairs);
+  int64_t i = 0;
+  for (; i + 32 <= m; i += 32)
+    for (int64_t j = 0; j < n; j += 32) amx_block(kp, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
+  const int64_t mr = m - i;
+  if (mr == 0) return;
+  alignas(64) uint32_t abuf[32 * kAmxMaxPairs];
+  alignas(64) float cbuf[32 * 32];
+  for (int64_t r = 0; r < 32; ++r)
+    for (int64_t x = 0; x < kp; ++x) abuf[r * kp + x] = r < mr ? a[(i + r) * lda + x] : 0u;
+  for (int64_t j = 0; j < n; j += 32) {
+    amx_block(kp, abuf, kp, b + j, ldb, cbuf, 32);
+    for (int64_t r = 0; r < mr; ++r) std::memcpy(c + (i + r) * ldc + j, cbuf + r * 32, 32 * sizeof(float));
+  }
+}
+#endif
