@@ -39,10 +39,12 @@ struct BackwardScratch {
   // query block) share one layout. s/dp/t are [block_q, bk_pad] tiles and
   // kt/vt [d, bk_pad], all with row stride TilePlan::bk_ld; acc_a holds dK or
   // dQ, acc_b holds dV. tmp stages rows for transposes, and the tile products
-  // of paths without an accumulating epilogue (gemm_nn_acc). q_pairs holds
-  // a query block's unscaled q as bf16 pairs [block_q, dqk_pad / 2] where S
-  // is recomputed on AMX (AmxScores).
-  int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, q_pairs, total;
+  // of paths without an accumulating epilogue (gemm_nn_acc). For the AMX
+  // products (AmxBackward), with bq = round_up(block_q, kPad): q_pairs and
+  // dout_pairs hold a query block's q and dO as bf16 pairs [bq, d / 2],
+  // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
+  int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, q_pairs, dout_pairs, pairs,
+      total;
   int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
 };
 

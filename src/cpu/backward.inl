@@ -18,12 +18,15 @@ struct QueryBlock {
   int64_t *lo, *hi;
 };
 
+// lse and delta, and q and dO as Acc rows where the products take them (f32_rows).
 template <typename T, typename Acc>
 void load_query_block(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
-                      const Acc* delta_all, QueryBlock<Acc>& qb) {
+                      const Acc* delta_all, QueryBlock<Acc>& qb, bool f32_rows) {
   const int64_t q0 = p.q_start(ctx.b) + qb.i0;
-  load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q, static_cast<Acc>(p.scale));
-  load_tile<T>(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, plan.dv_pad, qb.dout);
+  if (f32_rows) {
+    load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q, static_cast<Acc>(p.scale));
+    load_tile<T>(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, plan.dv_pad, qb.dout);
+  }
   const Acc* delta = delta_all + (ctx.b * p.heads_q + ctx.h) * p.seqlen_q + qb.i0;
   for (int64_t r = 0; r < qb.mq; ++r) {
     const Acc v = static_cast<Acc>(lse_load(p, row_offset(p.lse, ctx.b, q0 + r, ctx.h)));
@@ -58,58 +61,123 @@ KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind ki
   return {a, std::max<int64_t>(0, end - a)};
 }
 
-// How a task recomputes S = scale q k^T: as the forward that made lse
-// computed it, so that S - lse <= 0 holds bit for bit. F32Scores: f32
-// tiles of the pre-scaled q (every path's forward but amx's bf16 one); the
-// K^T tile kt [d, bk_pad] is the caller's.
+// The backward's tile products. F32Backward: f32 tiles, q pre-scaled
+// (every path but amx's bf16). AmxBackward (below): AMX-BF16 tiles.
 template <typename T, typename Acc>
-struct F32Scores {
-  F32Scores(const TilePlan&, Slice<Acc>) {}
-  static constexpr bool kOwnKt = false;  // kt is loaded by the caller
-  void load_q(const AttnParams&, const TilePlan&, const HeadCtx<Acc>&, const QueryBlock<Acc>&) {}
-  void load_kt(const AttnParams&, const TilePlan&, int64_t, int64_t, int64_t, int64_t, Acc*, Acc*) {}
-  // s [mq, lds] (row stride bk_ld) from the keys at columns a.. of kt.
+struct F32Backward {
+  static constexpr bool kAmx = false;
+  F32Backward(const TilePlan&, Slice<Acc>) {}
+  // s [mq, lds] = (scale q) k^T and dp [mq, lds] = dO v^T for the keys at
+  // columns a.. of kt and vt (all row stride bk_ld).
   void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<Acc>& qb, const Acc* kt, int64_t a,
           int64_t lds, Acc* s) const {
     gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt + a, plan.bk_ld, s, plan.bk_ld);
   }
+  void dov(const AttnParams& p, const TilePlan& plan, const QueryBlock<Acc>& qb, const Acc* vt, int64_t a,
+           int64_t lds, Acc* dp) const {
+    gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt + a, plan.bk_ld, dp, plan.bk_ld);
+  }
 };
 
 #if FG_AMX
-// bf16 on the amx path: S on AMX tiles from q and K as bf16 pairs, the
-// scale applied after, exactly as AmxTiles' forward computes it (a score
-// depends only on its q row, its key and the fixed 16-pair steps). kt then
-// holds K^T as pairs [dqk_pad / 2, bk_ld].
-struct AmxScores {
-  uint32_t* qp;
-  explicit AmxScores(const TilePlan& plan, Slice<float> ws)
-      : qp(reinterpret_cast<uint32_t*>(ws.at(plan.bwd.q_pairs))) {
+// bf16 on the amx path: all five products on AMX tiles (gemm_amx), from
+// pair layouts (Bf16DotTiles):
+//   S  = q K^T      q as row pairs [mq, dqk_pad / 2], K^T pairs [dqk_pad / 2, bk_ld]
+//   dP = dO V^T     dO as row pairs, V^T pairs [dv_pad / 2, bk_ld]
+//   dV^T += dO^T P  dO^T as pairs of query rows [dv_pad, mh], P as pairs of
+//                   query rows [mh, bk_ld] (mh = round_up(mq, 32) / 2)
+//   dK^T += Q^T dS  likewise (q unscaled: dK takes the scale when stored)
+//   dQ += dS K      dS rows rounded to pairs in place, K as pairs of key rows
+//                   [bk_pad / 2, dqk_pad]
+// S is computed exactly as AmxTiles' forward computes it (the same pairs,
+// 16-pair steps from a zeroed accumulator, the scale in f32 after), so it
+// is bit for bit the forward's and S - lse <= 0 holds: an f32 recompute
+// differs by rounding (docs/design.md). P and dS meet the products rounded
+// to bf16, as the naive bf16 computation rounds them.
+struct AmxBackward {
+  static constexpr bool kAmx = true;
+  uint32_t *qp, *dop, *qtp, *dotp, *pp, *dsp;
+  int64_t mh = 0;
+  AmxBackward(const TilePlan& plan, Slice<float> ws)
+      : qp(words(ws.at(plan.bwd.q_pairs))),
+        dop(words(ws.at(plan.bwd.dout_pairs))),
+        qtp(words(ws.at(plan.bwd.q))),
+        dotp(words(ws.at(plan.bwd.dout))),
+        pp(words(ws.at(plan.bwd.pairs))),
+        dsp(words(ws.at(plan.bwd.pairs) + round_up(plan.block_q, kPad) / 2 * plan.bk_ld)) {
     amx_configure();
   }
-  ~AmxScores() { _tile_release(); }
-  AmxScores(const AmxScores&) = delete;
-  AmxScores& operator=(const AmxScores&) = delete;
-  static constexpr bool kOwnKt = true;
-  void load_q(const AttnParams& p, const TilePlan& plan, const HeadCtx<float>& ctx, const QueryBlock<float>& qb) {
-    const int64_t dp = plan.dqk_pad / 2, q0 = p.q_start(ctx.b) + qb.i0;
-    for (int64_t r = 0; r < qb.mq; ++r) Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
+  ~AmxBackward() { _tile_release(); }
+  AmxBackward(const AmxBackward&) = delete;
+  AmxBackward& operator=(const AmxBackward&) = delete;
+  static uint32_t* words(float* x) { return reinterpret_cast<uint32_t*>(x); }
+  static const uint32_t* words(const float* x) { return reinterpret_cast<const uint32_t*>(x); }
+
+  // The query block's q and dO as row pairs and, for the dK/dV products
+  // (transposed), as pairs of query rows transposed; stage holds
+  // [mh, max(dqk_pad, dv_pad)] words.
+  void load_q(const AttnParams& p, const TilePlan& plan, const HeadCtx<float>& ctx, const QueryBlock<float>& qb,
+              bool transposed, float* stage) {
+    const int64_t dp = plan.dqk_pad / 2, dvp = plan.dv_pad / 2, q0 = p.q_start(ctx.b) + qb.i0;
+    for (int64_t r = 0; r < qb.mq; ++r) {
+      Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
+      Bf16DotTiles::load_pairs(p.dout, ctx.b, q0 + r, ctx.h, p.head_dim_v, dvp, dop + r * dvp);
+    }
+    mh = round_up(qb.mq, kPad) / 2;
+    if (!transposed) return;
+    Bf16DotTiles::load_pair_rows(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, mh, plan.dqk_pad, words(stage));
+    transpose(mh, plan.dqk_pad, stage, plan.dqk_pad, reinterpret_cast<float*>(qtp), mh);
+    Bf16DotTiles::load_pair_rows(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, mh, plan.dv_pad, words(stage));
+    transpose(mh, plan.dv_pad, stage, plan.dv_pad, reinterpret_cast<float*>(dotp), mh);
   }
-  // Keys [seq0, seq0 + nj) of head hk as K^T pairs into kt, staged in stage ([bk_pad, dqk_pad / 2]).
-  void load_kt(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-               float* kt, float* stage) {
-    const int64_t dp = plan.dqk_pad / 2;
-    auto* st = reinterpret_cast<uint32_t*>(stage);
-    for (int64_t r = 0; r < nj; ++r) Bf16DotTiles::load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, st + r * dp);
-    std::memset(st + nj * dp, 0, static_cast<size_t>((plan.bk_pad - nj) * dp) * 4);
-    transpose(plan.bk_pad, dp, stage, dp, kt, plan.bk_ld);
+  // Keys [seq0, seq0 + nj) of head hk: K^T and V^T pairs into kt and vt
+  // and, for dQ, K as pairs of key rows into k_rows (if not null).
+  void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+               float* kt, float* vt, float* k_rows, float* stage) const {
+    Bf16DotTiles::load_pairs_t(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_ld, kt, stage);
+    Bf16DotTiles::load_pairs_t(p.v, b, seq0, hk, nj, p.head_dim_v, plan.bk_pad, plan.bk_ld, vt, stage);
+    if (k_rows)
+      Bf16DotTiles::load_pair_rows(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad / 2, plan.dqk_pad, words(k_rows));
   }
   void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<float>& qb, const float* kt, int64_t a,
           int64_t lds, float* s) const {
     const int64_t dp = plan.dqk_pad / 2, ld = plan.bk_ld;
-    gemm_amx(qb.mq, lds, dp, qp, dp, reinterpret_cast<const uint32_t*>(kt) + a, ld, s, ld);
+    gemm_amx(qb.mq, lds, dp, qp, dp, words(kt) + a, ld, s, ld);
     const float scale = static_cast<float>(p.scale);
     for (int64_t r = 0; r < qb.mq; ++r)
       for (int64_t c = 0; c < lds; ++c) s[r * ld + c] *= scale;
+  }
+  void dov(const AttnParams&, const TilePlan& plan, const QueryBlock<float>& qb, const float* vt, int64_t a,
+           int64_t lds, float* dp) const {
+    const int64_t dvp = plan.dv_pad / 2;
+    gemm_amx(qb.mq, lds, dvp, dop, dvp, words(vt) + a, plan.bk_ld, dp, plan.bk_ld);
+  }
+  // dv^T += dO^T P and dk^T += Q^T dS over the keys at columns a..a + lds
+  // of the accumulators ([dv_pad or dqk_pad, bk_pad]); P in s and dS in ds.
+  void dk_dv(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, const float* s,
+             const float* ds, float* dkt, float* dvt) const {
+    const int64_t ld = plan.bk_ld;
+    for (int64_t x = 0; x < mh; ++x) {
+      if (2 * x >= qb.mq) {
+        std::memset(pp + x * ld, 0, static_cast<size_t>(lds) * 4);
+        std::memset(dsp + x * ld, 0, static_cast<size_t>(lds) * 4);
+        continue;
+      }
+      const bool two = 2 * x + 1 < qb.mq;
+      interleave_f32_rows(s + 2 * x * ld, two ? s + (2 * x + 1) * ld : nullptr, lds, pp + x * ld);
+      interleave_f32_rows(ds + 2 * x * ld, two ? ds + (2 * x + 1) * ld : nullptr, lds, dsp + x * ld);
+    }
+    gemm_amx<true>(plan.dv_pad, lds, mh, dotp, mh, pp, ld, dvt + a, plan.bk_pad);
+    gemm_amx<true>(plan.dqk_pad, lds, mh, qtp, mh, dsp, ld, dkt + a, plan.bk_pad);
+  }
+  // dq [mq, dqk_pad] (row stride ldq) += dS K over the keys at a..a + lds;
+  // ds's rows become bf16 pairs in place.
+  void dq(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, float* ds,
+          const float* k_rows, float* dq, int64_t ldq) const {
+    const int64_t ld = plan.bk_ld;
+    for (int64_t r = 0; r < qb.mq; ++r) round_bf16_pairs(ds + r * ld, lds);
+    gemm_amx<true>(qb.mq, plan.dqk_pad, lds / 2, words(ds), ld, words(k_rows) + a / 2 * plan.dqk_pad,
+                   plan.dqk_pad, dq, ldq);
   }
 };
 #endif
@@ -119,14 +187,13 @@ struct AmxScores {
 // Out: s = dropout(P) and dp = dS (w.r.t. the pre-softcap score), both
 // [mq, lds]. All four have row stride bk_ld. dS before the softcap factor
 // is added into dbias_rows if given. The keys start at column a of kt and vt.
-template <typename Acc, typename Scores>
+template <typename Acc, typename Bwd>
 void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx,
-               const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Scores& scores,
+               const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, bool partial, const Bwd& bwd,
                const Acc* kt, const Acc* vt, int64_t a, Acc* s, Acc* dp, Acc* t, void* dbias_rows) {
   const int64_t lds = round_up(nj, kPad), ld = plan.bk_ld;
-  scores.qk(p, plan, qb, kt, a, lds, s);
-  vt += a;
-  gemm_nn(qb.mq, lds, p.head_dim_v, qb.dout, plan.dv_pad, 1, vt, ld, dp, ld);
+  bwd.qk(p, plan, qb, kt, a, lds, s);
+  bwd.dov(p, plan, qb, vt, a, lds, dp);
   const bool capped = ctx.softcap > 0;
   const Acc inv_keep = static_cast<Acc>(1.0 / (1.0 - p.dropout_p));
   uint8_t keep[kMaxBlockK];
@@ -197,9 +264,9 @@ void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
 
 // dq_acc, when given (the single pass), receives dS K for every query row of
 // the group: [group, seqlen_q, dqk_pad], rows of head hk * group + g at g.
-template <typename T, typename Acc, typename Scores>
+template <typename T, typename Acc, typename Bwd>
 void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
-                   const Acc* delta_all, Slice<Acc> ws, Scores& scores, Acc* dq_acc = nullptr) {
+                   const Acc* delta_all, Slice<Acc> ws, Bwd& bwd, Acc* dq_acc = nullptr) {
   const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
   if (j0 >= lk) return;
   const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
@@ -207,17 +274,24 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
   Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp), *k = ws.at(L.k);
-  if (Scores::kOwnKt) scores.load_kt(p, plan, b, k0, hk, nj, kt, tmp);
-  if (dq_acc) {  // K row-major for dQ += dS K, and its transpose for S = Q K^T
-    load_tile<T>(p.k, b, k0, hk, nj, p.head_dim, ldq, k);
-    for (int64_t x = nj * ldq; x < plan.bk_pad * ldq; ++x) k[x] = Acc(0);
-    if (!Scores::kOwnKt) transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_ld);
-  } else if (!Scores::kOwnKt) {
-    load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_ld, kt, tmp);
+  // The accumulators: dK [nj, ldq] and dV [nj, ldv], or on AMX dK^T and dV^T [pad, bk_pad].
+  int64_t dk_n = nj * ldq, dv_n = nj * ldv;
+  if constexpr (Bwd::kAmx) {
+    bwd.load_kv(p, plan, b, k0, hk, nj, kt, vt, dq_acc ? k : nullptr, tmp);
+    dk_n = ldq * plan.bk_pad;
+    dv_n = ldv * plan.bk_pad;
+  } else {
+    if (dq_acc) {  // K row-major for dQ += dS K, and its transpose for S = Q K^T
+      load_tile<T>(p.k, b, k0, hk, nj, p.head_dim, ldq, k);
+      for (int64_t x = nj * ldq; x < plan.bk_pad * ldq; ++x) k[x] = Acc(0);
+      transpose(plan.bk_pad, ldq, k, ldq, kt, plan.bk_ld);
+    } else {
+      load_tile_t<T>(p.k, b, k0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_ld, kt, tmp);
+    }
+    load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, plan.bk_ld, vt, tmp);
   }
-  load_tile_t<T>(p.v, b, k0, hk, nj, p.head_dim_v, plan.bk_pad, plan.bk_ld, vt, tmp);
-  for (int64_t x = 0; x < nj * ldq; ++x) dk[x] = Acc(0);
-  for (int64_t x = 0; x < nj * ldv; ++x) dv[x] = Acc(0);
+  for (int64_t x = 0; x < dk_n; ++x) dk[x] = Acc(0);
+  for (int64_t x = 0; x < dv_n; ++x) dv[x] = Acc(0);
 
   const int64_t group = p.heads_q / p.heads_kv;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -227,8 +301,8 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       row_ranges(ctx, qb);
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
-      load_query_block<T>(p, plan, ctx, delta_all, qb);
-      scores.load_q(p, plan, ctx, qb);
+      load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kAmx);
+      if constexpr (Bwd::kAmx) bwd.load_q(p, plan, ctx, qb, true, tmp);
       // The next query block's rows (or the next head's first) into L2 while this one computes.
       const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
       if (hn < (hk + 1) * group) {
@@ -237,28 +311,41 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
       const KeySpan ks = seen_keys(qb, j0, nj, kind);
-      tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, scores, kt, vt, ks.a, s, dp, t,
+      tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, bwd, kt, vt, ks.a, s, dp, t,
                 nullptr);
+      Acc* dq_rows = dq_acc ? dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq : nullptr;
+      if constexpr (Bwd::kAmx) {
+        const int64_t lds = round_up(ks.w, kPad);
+        bwd.dk_dv(plan, qb, ks.a, lds, s, dp, dk, dv);
+        if (dq_rows) bwd.dq(plan, qb, ks.a, lds, dp, k, dq_rows, ldq);
+        continue;
+      }
       // dV += P^T dO, dK += dS^T (scale Q) over the seen keys' rows
       gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
       gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
-      if (dq_acc) {
-        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq,  // dQ += dS K
-                    dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq, ldq, nullptr, tmp);
-      }
+      if (dq_rows)  // dQ += dS K
+        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq, dq_rows, ldq, nullptr, tmp);
     }
+  }
+  Acc dk_mul = Acc(1);
+  if constexpr (Bwd::kAmx) {  // back to rows; dK takes the scale its unscaled q left out
+    transpose(ldq, plan.bk_pad, dk, plan.bk_pad, tmp, ldq);
+    std::memcpy(dk, tmp, static_cast<size_t>(nj * ldq) * sizeof(Acc));
+    transpose(ldv, plan.bk_pad, dv, plan.bk_pad, tmp, ldv);
+    std::memcpy(dv, tmp, static_cast<size_t>(nj * ldv) * sizeof(Acc));
+    dk_mul = static_cast<Acc>(p.scale);
   }
   for (int64_t r = 0; r < nj; ++r) {
     store_result<T>(p.grad_dtype, dk + r * ldq, p.head_dim, p.dk.data, row_offset(p.dk, b, k0 + r, hk),
-                    p.dk.dim_stride, Acc(1));
+                    p.dk.dim_stride, dk_mul);
     store_result<T>(p.grad_dtype, dv + r * ldv, p.head_dim_v, p.dv.data, row_offset(p.dv, b, k0 + r, hk),
                     p.dv.dim_stride, Acc(1));
   }
 }
 
-template <typename T, typename Acc, typename Scores>
+template <typename T, typename Acc, typename Bwd>
 void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
-                 const Acc* delta_all, Slice<Acc> ws, Scores& scores) {
+                 const Acc* delta_all, Slice<Acc> ws, Bwd& bwd) {
   const HeadCtx<Acc> ctx(p, b, h);
   const int64_t i0 = qblk * plan.block_q;
   if (i0 >= ctx.lq) return;
@@ -268,8 +355,8 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
   Acc *k = ws.at(L.k), *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp);
   Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a), *tmp = ws.at(L.tmp);
   row_ranges(ctx, qb);
-  load_query_block<T>(p, plan, ctx, delta_all, qb);
-  scores.load_q(p, plan, ctx, qb);
+  load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kAmx);
+  if constexpr (Bwd::kAmx) bwd.load_q(p, plan, ctx, qb, false, tmp);
   for (int64_t x = 0; x < qb.mq * ldq; ++x) dq[x] = Acc(0);
   void* dbias_rows = nullptr;
   if (p.dbias.data) {
@@ -284,16 +371,21 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const int64_t nj = std::min(plan.block_k, ctx.lk - j0);
     const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
     if (kind == TileKind::skip) continue;
-    // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
-    if (Scores::kOwnKt) scores.load_kt(p, plan, b, k0 + j0, ctx.hk, nj, kt, tmp);
-    load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
-    for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
-    if (!Scores::kOwnKt) transpose(lds, ldq, k, ldq, kt, ld);
-    load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
+    if constexpr (Bwd::kAmx) {
+      bwd.load_kv(p, plan, b, k0 + j0, ctx.hk, nj, kt, vt, k, tmp);
+    } else {  // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
+      load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
+      for (int64_t x = nj * ldq; x < lds * ldq; ++x) k[x] = Acc(0);
+      transpose(lds, ldq, k, ldq, kt, ld);
+      load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
+    }
     const KeySpan ks = seen_keys(qb, j0, nj, kind);
-    tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, scores, kt, vt, ks.a, s, dp, t,
+    tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, bwd, kt, vt, ks.a, s, dp, t,
               dbias_rows);
-    gemm_nn_acc(qb.mq, ldq, ks.w, dp, ld, 1, k + ks.a * ldq, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
+    if constexpr (Bwd::kAmx)
+      bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, k, dq, ldq);
+    else
+      gemm_nn_acc(qb.mq, ldq, ks.w, dp, ld, 1, k + ks.a * ldq, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K
   }
   const int64_t q0 = p.q_start(b);
   for (int64_t r = 0; r < qb.mq; ++r)
@@ -304,14 +396,14 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
 // The single pass: one task per (batch, K/V head) walks its key blocks in
 // order and keeps the group's dQ in its own f32 accumulator, so every output
 // has one owner and one summation order, whatever the thread count.
-template <typename T, typename Acc, typename Scores>
+template <typename T, typename Acc, typename Bwd>
 void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, const Acc* delta_all,
-                    Slice<Acc> ws, Scores& scores) {
+                    Slice<Acc> ws, Bwd& bwd) {
   const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
   Acc* dq_acc = ws.at(plan.bwd.dq_acc);
   for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
   for (int64_t kblk = 0; kblk < ceil_div(p.len_k(b), plan.block_k); ++kblk)
-    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, scores, dq_acc);
+    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, dq_acc);
   const int64_t q0 = p.q_start(b);
   for (int64_t g = 0; g < group; ++g)
     for (int64_t i = 0; i < p.len_q(b); ++i)
@@ -319,7 +411,7 @@ void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_
                       row_offset(p.dq, b, q0 + i, hk * group + g), p.dq.dim_stride, static_cast<Acc>(p.scale));
 }
 
-template <typename T, typename Acc, typename Scores = F32Scores<T, Acc>>
+template <typename T, typename Acc, typename Bwd = F32Backward<T, Acc>>
 void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   const int64_t nqb = ceil_div(p.seqlen_q, plan.block_q);
   const int64_t nkb = ceil_div(p.seqlen_k, plan.block_k);
@@ -340,15 +432,15 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   if (plan.fused) {
     parallel_for(p.batch * p.heads_kv, plan.threads, [&](int64_t task, int thread) {
       const Slice<Acc> ws{base + thread * per_thread};
-      Scores scores(plan, ws);
-      backward_fused<T, Acc>(p, plan, task / p.heads_kv, task % p.heads_kv, delta, ws, scores);
+      Bwd bwd(plan, ws);
+      backward_fused<T, Acc>(p, plan, task / p.heads_kv, task % p.heads_kv, delta, ws, bwd);
     });
   } else {
     parallel_for(p.batch * p.heads_kv * nkb, plan.threads, [&](int64_t task, int thread) {
       const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
       const Slice<Acc> ws{base + thread * per_thread};
-      Scores scores(plan, ws);
-      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, ws, scores);
+      Bwd bwd(plan, ws);
+      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, ws, bwd);
     });
   }
   // A dbias broadcast over batch or heads sums over them: one task then owns
@@ -360,10 +452,10 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
       const int64_t qblk = task % nqb, gh = task / nqb % nh, gb = task / nqb / nh;
       const int64_t b_end = nb == p.batch ? gb + 1 : p.batch, h_end = nh == p.heads_q ? gh + 1 : p.heads_q;
       const Slice<Acc> ws{base + thread * per_thread};
-      Scores scores(plan, ws);
+      Bwd bwd(plan, ws);
       for (int64_t b = nb == p.batch ? gb : 0; b < b_end; ++b)
         for (int64_t h = nh == p.heads_q ? gh : 0; h < h_end; ++h)
-          backward_dq<T, Acc>(p, plan, b, h, qblk, delta, ws, scores);
+          backward_dq<T, Acc>(p, plan, b, h, qblk, delta, ws, bwd);
     });
   if (p.dsinks) {
     for (int64_t h = 0; h < p.heads_q; ++h) {

@@ -148,31 +148,44 @@ struct Bf16DotTiles {
                      float, float* dst) {
     for (int64_t r = 0; r < n; ++r) load_pairs(q, b, seq0 + r, h, d, ld, reinterpret_cast<uint32_t*>(dst + r * ld));
   }
-  void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-               float* kt, float* v, float* stage) {
-    const int64_t dp = plan.dqk_pad / 2, lds = plan.bk_pad, ldv = plan.dv_pad;
-    // K rows as pairs, staged [bk_pad, dp], then transposed in 16 x 16 word blocks.
+  // Rows [seq0, seq0 + n) of head h of o (dim elements each) as pairs,
+  // transposed as 32-bit words: dst [round_up(dim, kPad) / 2, ld], row n of
+  // it on zero up to w; stage holds [w, round_up(dim, kPad) / 2] words.
+  static void load_pairs_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim, int64_t w,
+                           int64_t ld, float* dst, float* stage) {
+    const int64_t dp = round_up(dim, kPad) / 2;
     auto* st = reinterpret_cast<uint32_t*>(stage);
-    for (int64_t r = 0; r < nj; ++r) load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, st + r * dp);
-    std::memset(st + nj * dp, 0, static_cast<size_t>((lds - nj) * dp) * 4);
-    transpose(lds, dp, stage, dp, kt, lds);
-    // V: key rows 2x and 2x + 1 interleaved into pair row x.
-    const Operand& o = p.v;
+    for (int64_t r = 0; r < n; ++r) load_pairs(o, b, seq0 + r, h, dim, dp, st + r * dp);
+    std::memset(st + n * dp, 0, static_cast<size_t>((w - n) * dp) * 4);
+    transpose(w, dp, stage, dp, dst, ld);
+  }
+  // Pair row x of dst ([pairs, pad] words) = rows seq0 + 2x and seq0 + 2x + 1
+  // of head h of o (dim elements each) interleaved, rows at or past seq0 + n zero.
+  static void load_pair_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim,
+                             int64_t pairs, int64_t pad, uint32_t* dst) {
     const auto* base = static_cast<const uint16_t*>(o.data);
-    auto* vp = reinterpret_cast<uint32_t*>(v);
-    for (int64_t x = 0; 2 * x < nj; ++x) {
-      const uint16_t* r0 = base + row_offset(o, b, seq0 + 2 * x, hk);
-      const uint16_t* r1 = 2 * x + 1 < nj ? base + row_offset(o, b, seq0 + 2 * x + 1, hk) : nullptr;
-      uint32_t* dst = vp + x * ldv;
-      if (o.dim_stride == 1) {
-        interleave_bf16_rows(r0, r1, p.head_dim_v, ldv, dst);
+    for (int64_t x = 0; x < pairs; ++x) {
+      uint32_t* row = dst + x * pad;
+      if (2 * x >= n) {
+        std::memset(row, 0, static_cast<size_t>(pad) * 4);
         continue;
       }
-      for (int64_t c = 0; c < ldv; ++c) {
-        const bool in = c < p.head_dim_v;
-        dst[c] = (in ? uint32_t{r0[c * o.dim_stride]} << 16 : 0u) | (in && r1 ? r1[c * o.dim_stride] : 0u);
+      const uint16_t* r0 = base + row_offset(o, b, seq0 + 2 * x, h);
+      const uint16_t* r1 = 2 * x + 1 < n ? base + row_offset(o, b, seq0 + 2 * x + 1, h) : nullptr;
+      if (o.dim_stride == 1) {
+        interleave_bf16_rows(r0, r1, dim, pad, row);
+        continue;
+      }
+      for (int64_t c = 0; c < pad; ++c) {
+        const bool in = c < dim;
+        row[c] = (in ? uint32_t{r0[c * o.dim_stride]} << 16 : 0u) | (in && r1 ? r1[c * o.dim_stride] : 0u);
       }
     }
+  }
+  void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+               float* kt, float* v, float* stage) {
+    load_pairs_t(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
+    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, (nj + 1) / 2, plan.dv_pad, reinterpret_cast<uint32_t*>(v));
   }
   static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
                  float* s) {
@@ -208,9 +221,9 @@ struct AmxTiles : Bf16DotTiles {
   // product reads (stale rows would meet P's zeros: 0 * inf = NaN).
   void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                float* kt, float* v, float* stage) {
-    Bf16DotTiles::load_kv(p, plan, b, seq0, hk, nj, kt, v, stage);
-    const int64_t rows = (nj + 1) / 2, padded = round_up(rows, int64_t{16});
-    std::memset(v + rows * plan.dv_pad, 0, static_cast<size_t>((padded - rows) * plan.dv_pad) * sizeof(float));
+    load_pairs_t(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
+    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, round_up((nj + 1) / 2, int64_t{16}), plan.dv_pad,
+                   reinterpret_cast<uint32_t*>(v));
   }
   static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
                  float* s) {

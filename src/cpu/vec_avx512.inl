@@ -138,6 +138,17 @@ inline void round_bf16_pairs(float* s, int64_t n) {
   }
 }
 
+// dst[c] = pair (r0[c], r1[c]) of f32 rows rounded to bf16 (nearest even),
+// for c < n (a multiple of 16); r1 null: (r0[c], 0).
+inline void interleave_f32_rows(const float* r0, const float* r1, int64_t n, uint32_t* dst) {
+  for (int64_t c = 0; c < n; c += 16) {
+    const __m512i first = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r0 + c)));
+    const __m512i second =
+        r1 ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(r1 + c))) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + c, _mm512_or_si512(_mm512_slli_epi32(first, 16), second));
+  }
+}
+
 // C[m, 0..n) = mul * sum_p A[m, p] . B[p, 0..n), p over kp pairs: A's pair
 // (r, p) at a[r * lda + p] is broadcast, B is [kp, ldb] pairs, C is f32.
 // Mr rows x 32 columns of accumulators, as the f32 block.
@@ -215,13 +226,23 @@ inline void amx_configure() {
   _tile_loadconfig(cfg);
 }
 
-// c[32, 32] = a[32, kp] b[kp, 32] in pairs (kp a multiple of 16; strides in words).
+// c[32, 32] = a[32, kp] b[kp, 32] in pairs, plus c itself when Add (kp a
+// multiple of 16; strides in words).
+template <bool Add>
 inline void amx_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c,
                       int64_t ldc) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  const int64_t sc = ldc * 4;
+  if constexpr (Add) {
+    _tile_loadd(0, c, sc);
+    _tile_loadd(1, c + 16, sc);
+    _tile_loadd(2, c + 16 * ldc, sc);
+    _tile_loadd(3, c + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   const int64_t sa = lda * 4, sb = ldb * 4;
   for (int64_t k = 0; k < kp; k += 16) {
     _tile_loadd(4, a + k, sa);
@@ -233,25 +254,25 @@ inline void amx_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  const int64_t sc = ldc * 4;
   _tile_stored(0, c, sc);
   _tile_stored(1, c + 16, sc);
   _tile_stored(2, c + 16 * ldc, sc);
   _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
-constexpr int64_t kAmxMaxPairs = 256;  // head_dim <= 512
+constexpr int64_t kAmxMaxPairs = 256;  // head_dim <= 512, key tiles <= 512
 
-// C[m, 0..n) = sum_p A[m, p] . B[p, 0..n) over kp pairs (n a multiple of 32,
-// kp of 16, kp <= kAmxMaxPairs), tiles configured by amx_configure. Rows
-// past m are neither read nor written: the last m mod 32 rows go through
-// zero-padded copies.
+// C[m, 0..n) = sum_p A[m, p] . B[p, 0..n) over kp pairs, plus C when Add
+// (n a multiple of 32, kp of 16, kp <= kAmxMaxPairs), tiles configured by
+// amx_configure. Rows past m are neither read nor written: the last m mod
+// 32 rows go through zero-padded copies.
+template <bool Add = false>
 inline void gemm_amx(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                      int64_t ldb, float* c, int64_t ldc) {
   FG_DASSERT(n % 32 == 0 && kp % 16 == 0 && kp <= kAmxMaxPairs);
   int64_t i = 0;
   for (; i + 32 <= m; i += 32)
-    for (int64_t j = 0; j < n; j += 32) amx_block(kp, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
+    for (int64_t j = 0; j < n; j += 32) amx_block<Add>(kp, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
   const int64_t mr = m - i;
   if (mr == 0) return;
   alignas(64) uint32_t abuf[32 * kAmxMaxPairs];
@@ -259,7 +280,9 @@ inline void gemm_amx(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_
   for (int64_t r = 0; r < 32; ++r)
     for (int64_t x = 0; x < kp; ++x) abuf[r * kp + x] = r < mr ? a[(i + r) * lda + x] : 0u;
   for (int64_t j = 0; j < n; j += 32) {
-    amx_block(kp, abuf, kp, b + j, ldb, cbuf, 32);
+    if constexpr (Add)
+      for (int64_t r = 0; r < mr; ++r) std::memcpy(cbuf + r * 32, c + (i + r) * ldc + j, 32 * sizeof(float));
+    amx_block<Add>(kp, abuf, kp, b + j, ldb, cbuf, 32);
     for (int64_t r = 0; r < mr; ++r) std::memcpy(c + (i + r) * ldc + j, cbuf + r * 32, 32 * sizeof(float));
   }
 }
