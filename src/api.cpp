@@ -85,7 +85,7 @@ void forward(const Options& opts, const TensorView& q, const TensorView& k, cons
   AttnParams p = make_params("forward", CallKind::forward, opts, t);
   resolve(p);
   const KernelTable& kt = kernels();
-  const TilePlan plan = plan_forward(p);
+  const TilePlan plan = plan_forward(p, kt.isa == Isa::amx);
   Workspace ws("forward", plan.total_bytes());
   kt.forward(p, plan, ws.data());
 }
@@ -108,7 +108,7 @@ int64_t forward_workspace_bytes(const Options& opts, const TensorView& q, const 
   CallTensors t{&q, &k, &v};
   AttnParams p = make_params("forward_workspace_bytes", CallKind::workspace, opts, t);
   resolve(p);
-  return plan_forward(p).total_bytes();
+  return plan_forward(p, kernels().isa == Isa::amx).total_bytes();
 }
 
 int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,

@@ -87,7 +87,9 @@ struct TilePlan {
   }
 };
 
-TilePlan plan_forward(const AttnParams& p);
+// amx_bf16: the kernel table runs bf16's products on AMX tiles (Isa::amx),
+// whose forward takes wider key tiles.
+TilePlan plan_forward(const AttnParams& p, bool amx_bf16 = false);
 TilePlan plan_backward(const AttnParams& p);
 
 }  // namespace flashgrad
