@@ -54,7 +54,7 @@ struct Carver {
 
 }  // namespace
 
-TilePlan plan_forward(const AttnParams& p, bool amx_bf16) {
+TilePlan plan_forward(const AttnParams& p, bool amx) {
   TilePlan t;
   choose_blocks(p, t);
   // The forward keeps no per-key state, so a taller query tile halves the
@@ -68,7 +68,7 @@ TilePlan plan_forward(const AttnParams& p, bool amx_bf16) {
   // per row (the softmax's row passes, O's rescale), so 256-key tiles (bf16,
   // L = 2048, 8 heads, 2 threads, forward GFLOP/s, 64 -> 256 keys: d = 128
   // 743 -> 978, d = 64 483 -> 655; causal 633 -> 702 and 394 -> 536).
-  if (amx_bf16 && p.dtype == DType::bf16 && std::max(p.head_dim, p.head_dim_v) <= 128 && !windowed(p)) {
+  if (amx && amx_call(p) && std::max(p.head_dim, p.head_dim_v) <= 128 && !windowed(p)) {
     t.block_k = kMaxBlockK;
     t.bk_pad = t.block_k;
   }

@@ -2,6 +2,7 @@
 // allocates) and the kernels (which carve the allocation the same way).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "params.hpp"
@@ -87,9 +88,18 @@ struct TilePlan {
   }
 };
 
-// amx_bf16: the kernel table runs bf16's products on AMX tiles (Isa::amx),
-// whose forward takes wider key tiles.
-TilePlan plan_forward(const AttnParams& p, bool amx_bf16 = false);
+// Whether the amx path runs a call's products on AMX tiles: bf16 with at
+// least 8 query rows per K/V head. Decode below that keeps the avx512 f32
+// tiles in both passes, so the backward still recomputes the forward's
+// scores bit for bit (bf16, d = 128, 8 heads, 2 threads, K+V read per
+// second, avx512 / amx, Lk = 4096 and 64k: Lq = 1 30.7 / 15.5 and 17.9 /
+// 8.0 GB/s, Lq = 4 20.7 / 17.1 and 11.6 / 9.5, Lq = 8 12.2 / 17.1 and 8.2 /
+// 9.3).
+inline bool amx_call(const AttnParams& p) {
+  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 8;
+}
+// amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
+TilePlan plan_forward(const AttnParams& p, bool amx = false);
 TilePlan plan_backward(const AttnParams& p);
 
 }  // namespace flashgrad

@@ -53,13 +53,13 @@ namespace flashgrad::cpu::amx {
 namespace {
 
 void forward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
-  if (p.dtype == DType::bf16)
+  if (amx_call(p))
     forward_impl<bf16_t, float, AmxTiles>(p, plan, ws);
   else
     avx512::table.forward(p, plan, ws);
 }
 void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
-  if (p.dtype == DType::bf16)
+  if (amx_call(p))
     backward_impl<bf16_t, float, AmxBackward>(p, plan, ws);
   else
     avx512::table.backward(p, plan, ws);
