@@ -242,6 +242,56 @@ struct AmxTiles : Bf16DotTiles {
              reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad);
     scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
+
+  // Narrow tiles (8 to 32 stacked query rows, w = 16 or 32 columns) keys-major:
+  //   S^T [nj, w] = K Q^T   K's rows as A where they lie (contiguous bf16
+  //                         with d a multiple of kPad; else staged), qtv =
+  //                         Q^T as pairs [dqk_pad / 2, w]
+  //   O [w, dv_pad] = O * alpha + P V   P's rows as pairs from S^T, V's rows interleaved
+  // with the softmax on S^T's columns (softmax_cols). Both operands of
+  // S^T hold pairs in memory order (the lower-indexed element low): AMX's
+  // result is the same for S and S^T and for either order within a pair
+  // (on the dev CPU, 0 of 25600 scores differed each way), so these scores
+  // are bit for bit the row path's and the backward's.
+  static bool k_in_place(const AttnParams& p, const TilePlan& plan) {
+    return p.k.dim_stride == 1 && p.head_dim == plan.dqk_pad && p.k.seq_stride % 2 == 0;
+  }
+  void narrow(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, int64_t w,
+              const uint32_t* qtv, float* stage, float* st, float* m, float* l, float* alpha, float* o, float* vp,
+              float* ptv, float* pp, const float* lo, const float* hi, int64_t j0) const {
+    const int64_t dp = plan.dqk_pad / 2, dv = plan.dv_pad;
+    const uint32_t* kr = reinterpret_cast<const uint32_t*>(stage);
+    int64_t ldk = dp;
+    if (k_in_place(p, plan)) {
+      kr = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk));
+      ldk = p.k.seq_stride / 2;
+    } else {
+      auto* sw = reinterpret_cast<uint32_t*>(stage);
+      for (int64_t r = 0; r < nj; ++r) {
+        load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, sw + r * dp);
+        for (int64_t x = 0; x < dp; ++x) sw[r * dp + x] = sw[r * dp + x] << 16 | sw[r * dp + x] >> 16;
+      }
+    }
+    gemm_amx(nj, w, dp, kr, ldk, qtv, w, st, w);
+    const float scale = static_cast<float>(p.scale);
+    for (int64_t x = 0; x < nj * w; ++x) st[x] *= scale;
+    softmax_cols(st, nj, w, w, m, l, alpha, lo, hi, static_cast<float>(j0));
+    const int64_t kp = round_up((nj + 1) / 2, int64_t{16});
+    auto* pt = reinterpret_cast<uint32_t*>(ptv);
+    for (int64_t x = 0; x < kp; ++x) {
+      if (2 * x >= nj) {
+        std::memset(pt + x * w, 0, static_cast<size_t>(w) * 4);
+        continue;
+      }
+      interleave_f32_rows(st + 2 * x * w, 2 * x + 1 < nj ? st + (2 * x + 1) * w : nullptr, w, pt + x * w);
+    }
+    transpose(kp, w, ptv, w, pp, kp);
+    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, kp, dv, reinterpret_cast<uint32_t*>(vp));
+    for (int64_t r = 0; r < w; ++r)
+      for (int64_t c = 0; c < dv; ++c) o[r * dv + c] *= alpha[r];
+    gemm_amx<true>(w, dv, kp, reinterpret_cast<const uint32_t*>(pp), kp, reinterpret_cast<const uint32_t*>(vp), dv,
+                   o, dv);
+  }
 };
 template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
@@ -283,11 +333,15 @@ constexpr int64_t kNarrowMinRows = 8;
 // another series 8 keys 17.1 against 17.7 for 16).
 constexpr int64_t kNarrowKeys = 16;
 
+// Scores that the softmax alone turns into P: no softcap, ALiBi, bias or dropout.
+inline bool plain_scores(const AttnParams& p) {
+  return p.softcap == 0 && !p.alibi && !p.bias.data && p.dropout_p == 0;
+}
+
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
 #if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && p.softcap == 0 &&
-         !p.alibi && !p.bias.data && p.dropout_p == 0;
+  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && plain_scores(p);
 #else
   (void)p;
   return false;
@@ -589,6 +643,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major_ranged = keys_major && ranged;
+  bool amx_narrow = false;  // AmxTiles::narrow
+  if constexpr (kAmxTiles<Tiles>)
+    amx_narrow = ranged && mq >= kNarrowMinRows && mq <= 2 * kLanes && plain_scores(p);
+  const int64_t amx_w = round_up(mq, kLanes);
   // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
   const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
   if (keys_major) {  // zero past row mq; 16-row blocks in registers
@@ -599,9 +657,24 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         for (int64_t r = r0; r < qt_cols; ++r)
           qt[(x * plan.dqk_pad + c) * qt_ld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
     }
+  }
+  if (keys_major || amx_narrow) {
     for (int64_t r = 0; r < ms; ++r) {  // padding columns see no key
       lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
       hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
+    }
+  }
+  // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
+  if (amx_narrow) {
+    const int64_t dp = plan.dqk_pad / 2;
+    for (int64_t x = 0; x < nh; ++x) {
+      const auto* qw = reinterpret_cast<const uint32_t*>(q + x * mq * ldq);
+      auto* dst = reinterpret_cast<uint32_t*>(qt) + x * dp * amx_w;
+      for (int64_t c = 0; c < dp; ++c)
+        for (int64_t r = 0; r < amx_w; ++r) {
+          const uint32_t pr = r < mq ? qw[r * ldq + c] : 0u;
+          dst[c * amx_w + r] = pr << 16 | pr >> 16;
+        }
     }
   }
 
@@ -632,6 +705,15 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     for (int64_t x = 0; x < nh; ++x) {
       const int64_t hk = hk0 + x;
       Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
+      if constexpr (kAmxTiles<Tiles>) {
+        if (amx_narrow) {
+          const auto* qtv = reinterpret_cast<const uint32_t*>(qt) + x * (plan.dqk_pad / 2) * amx_w;
+          // P^T's and P's pairs ([bk_pad / 2, <= 32] words each) in kt's space.
+          tiles.narrow(p, plan, b, k0 + j0, hk, nj, amx_w, qtv, stage, s, mx_, lx, ax, ox, v, kt,
+                       kt + 16 * plan.bk_pad, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
+          continue;
+        }
+      }
       // Keys-major tiles go without the next tile's prefetch: issued before
       // one, it measured 2% slower (f32, d = 128, L = 4096, 1 thread).
       if (keys_major && (kind == TileKind::full || keys_major_ranged)) {

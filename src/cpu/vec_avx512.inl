@@ -226,64 +226,79 @@ inline void amx_configure() {
   _tile_loadconfig(cfg);
 }
 
-// c[32, 32] = a[32, kp] b[kp, 32] in pairs, plus c itself when Add (kp a
-// multiple of 16; strides in words).
-template <bool Add>
+// c[16 Mt, 16 Nt] = a[16 Mt, kp] b[kp, 16 Nt] in pairs, plus c itself when
+// Add (Mt, Nt in {1, 2}; kp a multiple of 16; strides in words).
+template <bool Add, int Mt = 2, int Nt = 2>
 inline void amx_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c,
                       int64_t ldc) {
-  const int64_t sc = ldc * 4;
+  const int64_t sc = ldc * 4, sa = lda * 4, sb = ldb * 4;
   if constexpr (Add) {
     _tile_loadd(0, c, sc);
-    _tile_loadd(1, c + 16, sc);
-    _tile_loadd(2, c + 16 * ldc, sc);
-    _tile_loadd(3, c + 16 * ldc + 16, sc);
+    if constexpr (Nt == 2) _tile_loadd(1, c + 16, sc);
+    if constexpr (Mt == 2) _tile_loadd(2, c + 16 * ldc, sc);
+    if constexpr (Mt == 2 && Nt == 2) _tile_loadd(3, c + 16 * ldc + 16, sc);
   } else {
     _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if constexpr (Nt == 2) _tile_zero(1);
+    if constexpr (Mt == 2) _tile_zero(2);
+    if constexpr (Mt == 2 && Nt == 2) _tile_zero(3);
   }
-  const int64_t sa = lda * 4, sb = ldb * 4;
   for (int64_t k = 0; k < kp; k += 16) {
     _tile_loadd(4, a + k, sa);
-    _tile_loadd(5, a + 16 * lda + k, sa);
+    if constexpr (Mt == 2) _tile_loadd(5, a + 16 * lda + k, sa);
     _tile_loadd(6, b + k * ldb, sb);
-    _tile_loadd(7, b + k * ldb + 16, sb);
+    if constexpr (Nt == 2) _tile_loadd(7, b + k * ldb + 16, sb);
     _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if constexpr (Nt == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (Mt == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (Mt == 2 && Nt == 2) _tile_dpbf16ps(3, 5, 7);
   }
   _tile_stored(0, c, sc);
-  _tile_stored(1, c + 16, sc);
-  _tile_stored(2, c + 16 * ldc, sc);
-  _tile_stored(3, c + 16 * ldc + 16, sc);
+  if constexpr (Nt == 2) _tile_stored(1, c + 16, sc);
+  if constexpr (Mt == 2) _tile_stored(2, c + 16 * ldc, sc);
+  if constexpr (Mt == 2 && Nt == 2) _tile_stored(3, c + 16 * ldc + 16, sc);
 }
 
 constexpr int64_t kAmxMaxPairs = 256;  // head_dim <= 512, key tiles <= 512
 
+// Rows [i, i + 16 Mt) of C over every column: n / 32 blocks of 32 columns and a last 16.
+template <bool Add, int Mt>
+inline void amx_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                     float* c, int64_t ldc) {
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) amx_block<Add, Mt, 2>(kp, a, lda, b + j, ldb, c + j, ldc);
+  if (j < n) amx_block<Add, Mt, 1>(kp, a, lda, b + j, ldb, c + j, ldc);
+}
+
 // C[m, 0..n) = sum_p A[m, p] . B[p, 0..n) over kp pairs, plus C when Add
-// (n a multiple of 32, kp of 16, kp <= kAmxMaxPairs), tiles configured by
+// (n a multiple of 16, kp of 16, kp <= kAmxMaxPairs), tiles configured by
 // amx_configure. Rows past m are neither read nor written: the last m mod
-// 32 rows go through zero-padded copies.
+// 16 rows go through zero-padded copies.
 template <bool Add = false>
 inline void gemm_amx(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                      int64_t ldb, float* c, int64_t ldc) {
-  FG_DASSERT(n % 32 == 0 && kp % 16 == 0 && kp <= kAmxMaxPairs);
+  FG_DASSERT(n % 16 == 0 && kp % 16 == 0 && kp <= kAmxMaxPairs);
   int64_t i = 0;
-  for (; i + 32 <= m; i += 32)
-    for (int64_t j = 0; j < n; j += 32) amx_block<Add>(kp, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
+  for (; i + 32 <= m; i += 32) amx_rows<Add, 2>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+  if (i + 16 <= m) {
+    amx_rows<Add, 1>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+    i += 16;
+  }
   const int64_t mr = m - i;
   if (mr == 0) return;
-  alignas(64) uint32_t abuf[32 * kAmxMaxPairs];
-  alignas(64) float cbuf[32 * 32];
-  for (int64_t r = 0; r < 32; ++r)
+  alignas(64) uint32_t abuf[16 * kAmxMaxPairs];
+  alignas(64) float cbuf[16 * 32];
+  for (int64_t r = 0; r < 16; ++r)
     for (int64_t x = 0; x < kp; ++x) abuf[r * kp + x] = r < mr ? a[(i + r) * lda + x] : 0u;
   for (int64_t j = 0; j < n; j += 32) {
+    const int64_t nc = std::min<int64_t>(32, n - j);
     if constexpr (Add)
-      for (int64_t r = 0; r < mr; ++r) std::memcpy(cbuf + r * 32, c + (i + r) * ldc + j, 32 * sizeof(float));
-    amx_block<Add>(kp, abuf, kp, b + j, ldb, cbuf, 32);
-    for (int64_t r = 0; r < mr; ++r) std::memcpy(c + (i + r) * ldc + j, cbuf + r * 32, 32 * sizeof(float));
+      for (int64_t r = 0; r < mr; ++r) std::memcpy(cbuf + r * 32, c + (i + r) * ldc + j, nc * sizeof(float));
+    if (nc == 32)
+      amx_block<Add, 1, 2>(kp, abuf, kp, b + j, ldb, cbuf, 32);
+    else
+      amx_block<Add, 1, 1>(kp, abuf, kp, b + j, ldb, cbuf, 32);
+    for (int64_t r = 0; r < mr; ++r) std::memcpy(c + (i + r) * ldc + j, cbuf + r * 32, nc * sizeof(float));
   }
 }
 #endif
