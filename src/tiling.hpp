@@ -89,14 +89,15 @@ struct TilePlan {
 };
 
 // Whether the amx path runs a call's products on AMX tiles: bf16 with at
-// least 8 query rows per K/V head. Decode below that keeps the avx512 f32
-// tiles in both passes, so the backward still recomputes the forward's
-// scores bit for bit (bf16, d = 128, 8 heads, 2 threads, K+V read per
-// second, avx512 / amx, Lk = 4096 and 64k: Lq = 1 30.7 / 15.5 and 17.9 /
-// 8.0 GB/s, Lq = 4 20.7 / 17.1 and 11.6 / 9.5, Lq = 8 12.2 / 17.1 and 8.2 /
-// 9.3).
+// least 3 query rows per K/V head. Decode below that keeps the avx512 f32
+// tiles (V read in place) in both passes, so the backward still recomputes
+// the forward's scores bit for bit (bf16, d = 128, 8 heads, 2 threads, K+V
+// read per second, avx512 / amx, Lk = 4096 and 64k: Lq = 1 30.7 / 15.5 and
+// 17.9 / 8.0 GB/s before AMX's narrow tiles, Lq = 2 27.5 / 26.5 and 17.8 /
+// 14.3, Lq = 3 21.2 / 26.1 and 11.3 / 14.0, Lq = 4 19.3 / 24.0 and 11.3 /
+// 13.2).
 inline bool amx_call(const AttnParams& p) {
-  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 8;
+  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 3;
 }
 // amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
 TilePlan plan_forward(const AttnParams& p, bool amx = false);

@@ -243,7 +243,7 @@ struct AmxTiles : Bf16DotTiles {
     scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
 
-  // Narrow tiles (8 to 32 stacked query rows, w = 16 or 32 columns) keys-major:
+  // Narrow tiles (3 to 32 stacked query rows, w = 16 or 32 columns) keys-major:
   //   S^T [nj, w] = K Q^T   K's rows as A where they lie (contiguous bf16
   //                         with d a multiple of kPad; else staged), qtv =
   //                         Q^T as pairs [dqk_pad / 2, w]
@@ -645,7 +645,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const bool keys_major_ranged = keys_major && ranged;
   bool amx_narrow = false;  // AmxTiles::narrow
   if constexpr (kAmxTiles<Tiles>)
-    amx_narrow = ranged && mq >= kNarrowMinRows && mq <= 2 * kLanes && plain_scores(p);
+    amx_narrow = ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p);
   const int64_t amx_w = round_up(mq, kLanes);
   // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
   const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
