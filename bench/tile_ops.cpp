@@ -21,4 +21,8 @@ const TileOps& tile_ops(Isa isa) {
   }
 }
 
+#if !FLASHGRAD_BENCH_X86
+PairGemm amx_pair_gemm() { return nullptr; }
+#endif
+
 }  // namespace flashgrad::bench

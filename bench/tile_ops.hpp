@@ -40,4 +40,12 @@ struct TileOps {
 // The routines of an ISA this CPU and build support; throws flashgrad::Error otherwise.
 const TileOps& tile_ops(Isa isa);
 
+// The amx path's tile product: c [m, n] (f32, row stride ldc) = A B, A [m, kp]
+// and B [kp, n] 32-bit words each holding two bf16 (the pair layouts of
+// docs/design.md, "bf16 on AMX"; lda, ldb in words; n and kp multiples of
+// 16). Null where the CPU, the OS or the build lack AMX.
+using PairGemm = void (*)(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                          int64_t ldb, float* c, int64_t ldc);
+PairGemm amx_pair_gemm();
+
 }  // namespace flashgrad::bench

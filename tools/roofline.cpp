@@ -6,7 +6,9 @@
 //              oneDNN's f32 matmul beside it); "n/a" when built without oneDNN
 //   tiles      the kernels' tile products, 1 thread, on the same operands:
 //              OpenBLAS, oneDNN (dnnl_sgemm), BLIS, libxsmm and flashgrad's
-//              own tile product (bench/tile_ops.hpp), taking turns
+//              own tile product (bench/tile_ops.hpp), taking turns; and
+//              where the CPU has AMX, the amx path's bf16 products beside
+//              oneDNN's bf16 matmul
 //   memory     STREAM triad and memcpy (bandwidth.hpp), T threads
 //
 // Every rate is the median over repeated calls after a warm-up call.
@@ -151,9 +153,35 @@ bool product_matches(const GemmShape& s, const std::vector<float>& a, const std:
   return true;
 }
 
-// Each contender's result is checked first; then the contenders take turns,
-// one batch of calls (at least 20 ms) each per round, so that the machine's
-// drift over the rounds reaches them all alike; the median round is reported.
+// The contenders (null: none) take turns, one batch of calls (at least 20
+// ms) each per round, so that the machine's drift over the rounds reaches
+// them all alike; gflops[x] gets contender x's median round.
+void round_robin(const std::function<void()>* calls, int count, double flops, int rounds, double* gflops) {
+  std::vector<int64_t> per_batch(static_cast<size_t>(count), 0);
+  std::vector<std::vector<double>> rates(static_cast<size_t>(count));
+  for (int x = 0; x < count; ++x) {
+    if (!calls[x]) continue;
+    int64_t& nb = per_batch[static_cast<size_t>(x)];
+    nb = 1;
+    for (double secs = 0; secs < 0.02; nb *= 2) {
+      const double t0 = now_seconds();
+      for (int64_t i = 0; i < nb; ++i) calls[x]();
+      secs = now_seconds() - t0;
+    }
+  }
+  for (int round = 0; round < rounds; ++round)
+    for (int x = 0; x < count; ++x) {
+      if (!calls[x]) continue;
+      const int64_t nb = per_batch[static_cast<size_t>(x)];
+      const double t0 = now_seconds();
+      for (int64_t i = 0; i < nb; ++i) calls[x]();
+      rates[static_cast<size_t>(x)].push_back(flops * static_cast<double>(nb) / (now_seconds() - t0) / 1e9);
+    }
+  for (int x = 0; x < count; ++x)
+    if (!rates[static_cast<size_t>(x)].empty()) gflops[x] = median(rates[static_cast<size_t>(x)]);
+}
+
+// Each contender's result is checked first, then they take turns (round_robin).
 std::vector<TileRate> tile_rates(int rounds) {
   openblas_set_num_threads(1);
 #if FLASHGRAD_HAVE_DNNL
@@ -186,8 +214,6 @@ std::vector<TileRate> tile_rates(int rounds) {
     const int64_t a_rs = s.transposed_a ? 1 : s.k, a_cs = s.transposed_a ? s.m : 1;
     calls[4] = [&] { ops.gemm_nn(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), s.n, c.data(), s.n); };
 #endif
-    int64_t per_batch[kTileContenders] = {};
-    std::vector<double> rates[kTileContenders];
     for (int x = 0; x < kTileContenders; ++x) {
       if (!calls[x]) continue;
       std::fill(c.begin(), c.end(), NAN);
@@ -196,30 +222,132 @@ std::vector<TileRate> tile_rates(int rounds) {
         std::fprintf(stderr, "flashgrad roofline: %s's product %s is wrong; it is not timed\n", kTileLibraries[x],
                      t.name);
         calls[x] = nullptr;
-        continue;
-      }
-      per_batch[x] = 1;
-      for (double secs = 0; secs < 0.02; per_batch[x] *= 2) {
-        const double t0 = now_seconds();
-        for (int64_t i = 0; i < per_batch[x]; ++i) calls[x]();
-        secs = now_seconds() - t0;
       }
     }
-    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
-    for (int round = 0; round < rounds; ++round)
-      for (int x = 0; x < kTileContenders; ++x) {
-        if (!calls[x]) continue;
-        const double t0 = now_seconds();
-        for (int64_t i = 0; i < per_batch[x]; ++i) calls[x]();
-        rates[x].push_back(flops * static_cast<double>(per_batch[x]) / (now_seconds() - t0) / 1e9);
-      }
     TileRate r{t};
-    for (int x = 0; x < kTileContenders; ++x)
-      if (!rates[x].empty()) r.gflops[x] = median(rates[x]);
+    round_robin(calls, kTileContenders, 2.0 * static_cast<double>(s.m * s.n * s.k), rounds, r.gflops);
     out.push_back(r);
   }
 #if FLASHGRAD_HAVE_DNNL
   omp_set_num_threads(omp_threads);
+#endif
+  return out;
+}
+
+// The amx path's bf16 products (docs/design.md, "bf16 on AMX"): the
+// forward's 256-row by 256-key tiles, the backward's 64 by 256 (dV^T and
+// dK^T: d by 256 keys over 64 query rows; dQ: 64 by d over 256 keys), d =
+// 64 and 128. oneDNN's matmul (a primitive made once per shape, bf16 rows
+// in, f32 out) against flashgrad's gemm_amx, whose operands are already in
+// its pair layouts (the kernels lay them out as they load the tiles).
+struct AmxShape {
+  const char* name;
+  int64_t m, n, k;
+};
+const AmxShape kAmxShapes[] = {
+    {"fwd S = Q K^T, d = 64", 256, 256, 64},
+    {"fwd S = Q K^T, d = 128", 256, 256, 128},
+    {"fwd O += P V, d = 64", 256, 64, 256},
+    {"fwd O += P V, d = 128", 256, 128, 256},
+    {"bwd S, dP, d = 64; dV^T, dK^T, d = 64", 64, 256, 64},
+    {"bwd S = Q K^T, dP = dO V^T, d = 128", 64, 256, 128},
+    {"bwd dV^T += dO^T P, dK^T += Q^T dS, d = 128", 128, 256, 64},
+    {"bwd dQ += dS K, d = 64", 64, 64, 256},
+    {"bwd dQ += dS K, d = 128", 64, 128, 256},
+};
+constexpr const char* kAmxContenders[] = {"oneDNN", "flashgrad"};
+
+struct AmxRate {
+  AmxShape shape;
+  double gflops[2] = {NAN, NAN};
+};
+
+// The upper half of f's bits: f truncated to bf16.
+uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf16_value(uint16_t x) {
+  const uint32_t u = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::vector<AmxRate> amx_tile_rates(int rounds, std::string* dnnl_impl) {
+  std::vector<AmxRate> out;
+#if FLASHGRAD_HAVE_TILE_OPS
+  const bench::PairGemm pair_gemm = bench::amx_pair_gemm();
+  if (!pair_gemm) return out;
+#if FLASHGRAD_HAVE_DNNL
+  const int omp_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+#endif
+  for (const AmxShape& sh : kAmxShapes) {
+    const int64_t m = sh.m, n = sh.n, k = sh.k;
+    std::vector<uint16_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+    const std::vector<float> ua = testing::uniform_floats(a.size(), 6), ub = testing::uniform_floats(b.size(), 7);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_bits(ua[i]);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = bf16_bits(ub[i]);
+    // B as pairs of its rows 2x and 2x + 1, the lower-indexed element low, as A's rows hold theirs.
+    std::vector<uint32_t> bp(static_cast<size_t>(k / 2 * n));
+    for (int64_t x = 0; x < k / 2; ++x)
+      for (int64_t j = 0; j < n; ++j)
+        bp[static_cast<size_t>(x * n + j)] =
+            uint32_t{b[static_cast<size_t>(2 * x * n + j)]} | uint32_t{b[static_cast<size_t>((2 * x + 1) * n + j)]} << 16;
+    std::vector<float> c(static_cast<size_t>(m * n));
+    std::function<void()> calls[2];
+#if FLASHGRAD_HAVE_DNNL
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::desc a_md({m, k}, dt::bf16, tag::ab), b_md({k, n}, dt::bf16, tag::ab),
+        c_md({m, n}, dt::f32, tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+    *dnnl_impl = pd.impl_info_str();
+    dnnl::memory am(a_md, engine, a.data()), bm(b_md, engine, b.data()), cm(c_md, engine, c.data());
+    const dnnl::matmul mm(pd);
+    calls[0] = [&] {
+      mm.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      stream.wait();
+    };
+#endif
+    calls[1] = [&] {
+      pair_gemm(m, n, k / 2, reinterpret_cast<const uint32_t*>(a.data()), k / 2, bp.data(), n, c.data(), n);
+    };
+    for (int x = 0; x < 2; ++x) {
+      if (!calls[x]) continue;
+      std::fill(c.begin(), c.end(), NAN);
+      calls[x]();
+      bool ok = true;  // |c - AB| <= 2 k u sum |A||B| (bf16 products are exact in f32)
+      for (int64_t r = 0; r < m && ok; ++r)
+        for (int64_t j = 0; j < n && ok; ++j) {
+          double sum = 0, mag = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            const double t = static_cast<double>(bf16_value(a[static_cast<size_t>(r * k + p)])) *
+                             bf16_value(b[static_cast<size_t>(p * n + j)]);
+            sum += t;
+            mag += std::fabs(t);
+          }
+          ok = std::fabs(c[static_cast<size_t>(r * n + j)] - sum) <= 2.0 * static_cast<double>(k) * 0x1p-24 * mag;
+        }
+      if (!ok) {
+        std::fprintf(stderr, "flashgrad roofline: %s's bf16 product %s is wrong; it is not timed\n",
+                     kAmxContenders[x], sh.name);
+        calls[x] = nullptr;
+      }
+    }
+    AmxRate r{sh};
+    round_robin(calls, 2, 2.0 * static_cast<double>(m * n * k), rounds, r.gflops);
+    out.push_back(r);
+  }
+#if FLASHGRAD_HAVE_DNNL
+  omp_set_num_threads(omp_threads);
+#endif
+#else
+  (void)rounds, (void)dnnl_impl;
 #endif
   return out;
 }
@@ -256,6 +384,8 @@ struct Rates {
   int64_t triad_n = 0;  // doubles in each of the triad's three arrays
   std::string dnnl_impl_bf16 = "n/a", dnnl_impl_f32 = "n/a";
   std::vector<TileRate> tiles;
+  std::vector<AmxRate> amx_tiles;  // empty without AMX
+  std::string dnnl_impl_amx_tiles = "n/a";
 };
 
 std::string rates_json(const Settings& s, const Rates& r, const std::string& core, const std::string& core_origin) {
@@ -273,6 +403,16 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
                         .add("libxsmm_gflops", t.gflops[3])
                         .add("flashgrad_gflops", t.gflops[4])
                         .str());
+  std::vector<std::string> amx_tiles;
+  for (const AmxRate& t : r.amx_tiles)
+    amx_tiles.push_back(Json()
+                            .add("product", t.shape.name)
+                            .add("m", t.shape.m)
+                            .add("n", t.shape.n)
+                            .add("k", t.shape.k)
+                            .add("onednn_gflops", t.gflops[0])
+                            .add("flashgrad_gflops", t.gflops[1])
+                            .str());
   return Json()
       .add("cpu", cpu_model())
       .add("isa", isa_name())
@@ -294,6 +434,8 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
       .add("triad_array_bytes", r.triad_n * 8)
       .add("memcpy_gbs", r.copy)
       .add_raw("tiles", Json::array(tiles))
+      .add("amx_tiles_onednn_impl", r.dnnl_impl_amx_tiles)
+      .add_raw("amx_tiles", Json::array(amx_tiles))
       .str();
 }
 
@@ -323,6 +465,16 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
     for (double x : t.gflops) std::printf(" %9s", rate_text(x).c_str());
     std::printf("\n");
   }
+  if (r.amx_tiles.empty()) return;
+  std::printf("\n  bf16 tile products on AMX, 1 thread, GFLOP/s (oneDNN matmul %s; flashgrad's operands\n"
+              "  already in its pair layouts):\n", r.dnnl_impl_amx_tiles.c_str());
+  std::printf("  %-62s %15s %9s %9s\n", "", "m x n x k", kAmxContenders[0], kAmxContenders[1]);
+  for (const AmxRate& t : r.amx_tiles)
+    std::printf("  %-62s %15s %9s %9s\n", t.shape.name,
+                format("%lld x %lld x %lld", static_cast<long long>(t.shape.m), static_cast<long long>(t.shape.n),
+                       static_cast<long long>(t.shape.k))
+                    .c_str(),
+                rate_text(t.gflops[0]).c_str(), rate_text(t.gflops[1]).c_str());
 }
 
 }  // namespace
@@ -350,6 +502,7 @@ int run_roofline(Args& args) {
   r.sgemm = sgemm_gflops(s.gemm_n, s.threads, s.repeats);
   r.sgemm_1t = sgemm_gflops(s.gemm_n, 1, s.repeats);
   r.tiles = tile_rates(s.quick ? 3 : 7);
+  r.amx_tiles = amx_tile_rates(s.quick ? 3 : 7, &r.dnnl_impl_amx_tiles);
   // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
   r.triad_n = s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
   r.triad = Triad(r.triad_n, s.threads).gbs(s.quick ? 3 : 10);
