@@ -5,7 +5,8 @@
 // split the keys (TilePlan::splits) and merge the splits' (out, lse) with
 // merge_row in split order. The tile products and their layouts are the
 // Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16
-// and AmxTiles for bf16 on AMX-BF16, except in tasks that take narrow tiles.
+// (but for tasks that take AccTiles' narrow tiles), AmxTiles for bf16 on
+// AMX-BF16 (with narrow tiles of its own).
 
 template <typename Acc>
 struct Slice {
