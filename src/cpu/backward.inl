@@ -90,7 +90,8 @@ struct F32Backward {
 //   dQ += dS K      dS rows rounded to pairs in place, K as pairs of key rows
 //                   [bk_pad / 2, dqk_pad]
 // S is computed exactly as AmxTiles' forward computes it (the same pairs,
-// 16-pair steps from a zeroed accumulator, the scale in f32 after), so it
+// 16-pair steps from a zeroed accumulator, the scale in f32 after or, a
+// power of two, on q's pairs before), so it
 // is bit for bit the forward's and S - lse <= 0 holds: an f32 recompute
 // differs by rounding (docs/design.md). P and dS meet the products rounded
 // to bf16, as the naive bf16 computation rounds them.
@@ -123,6 +124,7 @@ struct AmxBackward {
       Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
       Bf16DotTiles::load_pairs(p.dout, ctx.b, q0 + r, ctx.h, p.head_dim_v, dvp, dop + r * dvp);
     }
+    if (AmxTiles::scale_on_q(p)) AmxTiles::scale_pairs(qp, qb.mq * dp, static_cast<float>(p.scale));
     mh = round_up(qb.mq, kPad) / 2;
     if (!transposed) return;
     Bf16DotTiles::load_pair_rows(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, mh, plan.dqk_pad, words(stage));
@@ -143,6 +145,7 @@ struct AmxBackward {
           int64_t lds, float* s) const {
     const int64_t dp = plan.dqk_pad / 2, ld = plan.bk_ld;
     gemm_amx(qb.mq, lds, dp, qp, dp, words(kt) + a, ld, s, ld);
+    if (AmxTiles::scale_on_q(p)) return;
     const float scale = static_cast<float>(p.scale);
     for (int64_t r = 0; r < qb.mq; ++r)
       for (int64_t c = 0; c < lds; ++c) s[r * ld + c] *= scale;

@@ -214,7 +214,8 @@ constexpr bool kAmxTiles = false;
 // rounding (vec_avx512.inl), so lse does too, by about an ulp of S. The tile
 // registers are configured per task and released with it.
 struct AmxTiles : Bf16DotTiles {
-  AmxTiles(const AttnParams& p, int64_t mq) : Bf16DotTiles(p, mq) { amx_configure(); }
+  const bool q_scaled;  // scale_on_q
+  AmxTiles(const AttnParams& p, int64_t mq) : Bf16DotTiles(p, mq), q_scaled(scale_on_q(p)) { amx_configure(); }
   ~AmxTiles() { _tile_release(); }
   AmxTiles(const AmxTiles&) = delete;
   AmxTiles& operator=(const AmxTiles&) = delete;
@@ -226,13 +227,40 @@ struct AmxTiles : Bf16DotTiles {
     load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, round_up((nj + 1) / 2, int64_t{16}), plan.dv_pad,
                    reinterpret_cast<uint32_t*>(v));
   }
-  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
-                 float* s) {
+  // A power-of-two scale goes on q's pairs instead of on S: the products
+  // and AMX's sums then scale exactly, and the pass over S that applied it
+  // (the first read of S after the tile stores, ~9% of a d = 64 forward's
+  // samples) goes. AmxBackward scales its q the same way, so S stays the
+  // forward's bit for bit.
+  static bool scale_on_q(const AttnParams& p) {
+    int e = 0;
+    return std::isnormal(p.scale) && std::frexp(p.scale, &e) == 0.5 && std::isnormal(static_cast<float>(p.scale));
+  }
+  // n pairs times scale, each half rounded back to bf16 (nearest even).
+  static void scale_pairs(uint32_t* w, int64_t n, float scale) {
+    for (int64_t x = 0; x < n; ++x) {
+      const uint32_t hi = w[x] & 0xffff0000u, lo = w[x] << 16;
+      float fh, fl;
+      std::memcpy(&fh, &hi, 4);
+      std::memcpy(&fl, &lo, 4);
+      w[x] = uint32_t{bf16_from(fh * scale).bits} << 16 | bf16_from(fl * scale).bits;
+    }
+  }
+  static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
+                     float, float* dst) {
+    Bf16DotTiles::load_q(q, b, seq0, h, n, d, ld, 1.0f, dst);
+  }
+  void scale_q(const AttnParams& p, int64_t rows, int64_t ld, float* q) const {
+    if (scale_on_q(p)) scale_pairs(reinterpret_cast<uint32_t*>(q), rows * ld, static_cast<float>(p.scale));
+  }
+  void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
+          float* s) const {
     (void)d;
     const int64_t lds = plan.bk_pad;
     gemm_amx(mq, lds, plan.dqk_pad / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
              reinterpret_cast<const uint32_t*>(kt), lds, s, lds);
-    for (int64_t x = 0; x < mq * lds; ++x) s[x] *= scale;
+    if (!q_scaled)
+      for (int64_t x = 0; x < mq * lds; ++x) s[x] *= scale;
   }
   // P's columns from nj on are exp(-inf) = 0.
   void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
@@ -275,7 +303,8 @@ struct AmxTiles : Bf16DotTiles {
     }
     gemm_amx(nj, w, dp, kr, ldk, qtv, w, st, w);
     const float scale = static_cast<float>(p.scale);
-    for (int64_t x = 0; x < nj * w; ++x) st[x] *= scale;
+    if (!q_scaled)
+      for (int64_t x = 0; x < nj * w; ++x) st[x] *= scale;
     softmax_cols(st, nj, w, w, m, l, alpha, lo, hi, static_cast<float>(j0));
     const int64_t kp = round_up((nj + 1) / 2, int64_t{16});
     auto* pt = reinterpret_cast<uint32_t*>(ptv);
@@ -631,6 +660,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       Tiles::load_q(p.q, b, p.q_start(b) + i0, st.head(g * mqh), mqh, d, ldq, scale, q + (x * mq + g * mqh) * ldq);
     }
   }
+  if constexpr (kAmxTiles<Tiles>) tiles.scale_q(p, nh * mq, ldq, q);
   for (int64_t r = 0; r < mq; ++r) ctx[0].row_range(i0 + r % mqh, lo[r], hi[r]);  // the same for every head
   for (int64_t r = 0; r < nh * ms; ++r) {
     m[r] = neg_inf<Acc>();
@@ -731,7 +761,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       // The next tile's rows (nn of them, 0: none), a share per score row below.
       const int64_t xn = x + 1 < nh ? x + 1 : 0, jn = x + 1 < nh ? j0 : j0 + plan.block_k;
       const int64_t nn = jn < k_hi && prefetch ? std::min(plan.block_k, k_hi - jn) : 0;
-      Tiles::qk(plan, mq, d, qx, kt, scale, s);
+      tiles.qk(plan, mq, d, qx, kt, scale, s);
       for (int64_t r = 0; r < mq; ++r) {
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
         const int64_t i = i0 + r % mqh;
