@@ -405,13 +405,13 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
                         .str());
   std::vector<std::string> amx_tiles;
   for (const AmxRate& t : r.amx_tiles)
-    amx_tiles.push_back(Json()
-                            .add("product", t.shape.name)
-                            .add("m", t.shape.m)
-                            .add("n", t.shape.n)
-                            .add("k", t.shape.k)
-                            .add("onednn_gflops", t.gflops[0])
-                            .add("flashgrad_gflops", t.gflops[1])
+    amx_tiles.push_back(Json()  // keys of their own: the sweep reads each key across the whole object
+                            .add("amx_product", t.shape.name)
+                            .add("amx_m", t.shape.m)
+                            .add("amx_n", t.shape.n)
+                            .add("amx_k", t.shape.k)
+                            .add("amx_onednn_gflops", t.gflops[0])
+                            .add("amx_flashgrad_gflops", t.gflops[1])
                             .str());
   return Json()
       .add("cpu", cpu_model())

@@ -206,6 +206,14 @@ MachineRates measure_machine(const Sweep& s) {
   for (size_t i = 0; i < products.size() && i < tm.size() && i < tn.size() && i < tk.size(); ++i)
     m.tiles.push_back({products[i], format("%.0f x %.0f x %.0f", tm[i], tn[i], tk[i]), at(ob, i), at(od, i),
                        at(bl, i), at(xs, i), at(fg, i)});
+  const std::vector<std::string> amx_products = json_strings(json, "amx_product");
+  const std::vector<double> am = json_numbers(json, "amx_m"), an = json_numbers(json, "amx_n"),
+                            ak = json_numbers(json, "amx_k"), ao = json_numbers(json, "amx_onednn_gflops"),
+                            af = json_numbers(json, "amx_flashgrad_gflops");
+  for (size_t i = 0; i < amx_products.size() && i < am.size() && i < an.size() && i < ak.size(); ++i)
+    m.amx_tiles.push_back({amx_products[i], format("%.0f x %.0f x %.0f", am[i], an[i], ak[i]), at(ao, i), at(af, i)});
+  const std::vector<std::string> amx_impl = json_strings(json, "amx_tiles_onednn_impl");
+  m.amx_onednn_impl = amx_impl.empty() ? "n/a" : amx_impl.front();
   const std::vector<std::string> blis = json_strings(json, "blis"), xsmm = json_strings(json, "libxsmm");
   m.blis = blis.empty() ? "n/a" : blis.front();
   m.libxsmm = xsmm.empty() ? "n/a" : xsmm.front();

@@ -56,6 +56,12 @@ struct MachineRates {
   };
   std::string blis, libxsmm;  // versions, "n/a" where not built in
   std::vector<Tile> tiles;
+  struct AmxTile {  // the amx path's bf16 product against oneDNN's bf16 matmul, 1 thread
+    std::string product, shape;
+    double onednn_gflops = NAN, flashgrad_gflops = NAN;
+  };
+  std::string amx_onednn_impl;
+  std::vector<AmxTile> amx_tiles;  // empty without AMX
 };
 
 // The rates flashgrad's are divided by, measured at the start and at the end
