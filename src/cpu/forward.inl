@@ -766,14 +766,20 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
         const int64_t i = i0 + r % mqh;
         Acc* srow = s + r * lds;
-        c.logits_row(i, j0, nj, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-        for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
-        const Acc mx = row_max(srow, lds, mx_[r]);
+        // A row of a tile the ranges cut sees no key past hi[r]: its passes
+        // stop at the kPad block that holds it, and its P is 0 beyond.
+        const int64_t wr =
+            kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
+        const int64_t nr = std::min(nj, wr);
+        c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+        for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
+        const Acc mx = row_max(srow, wr, mx_[r]);
         // A row with no visible key so far keeps max -inf; subtracting 0 then
         // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
         const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
         ax[r] = exp_acc(mx_[r] - mref);
-        lx[r] = lx[r] * ax[r] + exp_row(srow, lds, mref);
+        lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+        for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
         mx_[r] = mx;
         c.dropout_row(i, j0, nj, keep, srow);
         const int64_t f0 = r * nn / mq, f1 = (r + 1) * nn / mq;
