@@ -73,11 +73,15 @@ struct Machine {
     const double a = start.*rate, b = end.*rate;
     return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b);
   }
-  // SGEMM for f32 (and f16/f64), bf16 GEMM for bf16.
+  // SGEMM for f32 (and f16/f64), bf16 GEMM for bf16. Where oneDNN has no
+  // bf16 matmul (CPUs without AVX-512) bf16 is held to the f32 rate, SGEMM.
+  bool has_bf16_gemm() const { return !std::isnan(best(&MachineRates::bf16_gemm_gflops)); }
   double gemm_gflops(DType t) const {
-    return best(t == DType::bf16 ? &MachineRates::bf16_gemm_gflops : &MachineRates::sgemm_gflops);
+    return best(t == DType::bf16 && has_bf16_gemm() ? &MachineRates::bf16_gemm_gflops : &MachineRates::sgemm_gflops);
   }
-  const char* gemm_name(DType t) const { return t == DType::bf16 ? "bf16 GEMM" : "SGEMM"; }
+  const char* gemm_name(DType t) const {
+    return t != DType::bf16 ? "SGEMM" : has_bf16_gemm() ? "bf16 GEMM" : "SGEMM (no bf16 GEMM on this CPU)";
+  }
   // The fastest matmul measured at all (OpenBLAS or oneDNN, f32 or bf16): a
   // closer bound on what the cores can do than the one the ratios use.
   double best_gemm_gflops() const {

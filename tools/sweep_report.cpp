@@ -236,7 +236,9 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
 void grid_gemm_section(std::ostringstream& md, const Sweep& s) {
   md << "## flashgrad against GEMM\n\n"
      << "Rates under the FLOP convention (forward 4·B·Hq·Lq·Lk·d, halved when causal; backward 2.5x forward), "
-     << "divided by SGEMM for f32 and by the bf16 GEMM for bf16 (/ GEMM), and by the fastest matmul measured at "
+     << "divided by SGEMM for f32 and by the bf16 GEMM for bf16 (/ GEMM"
+     << (s.machine.has_bf16_gemm() ? "" : "; this CPU has no oneDNN bf16 matmul, so bf16 is divided by SGEMM")
+     << "), and by the fastest matmul measured at "
         "all, "
      << num(s.machine.best_gemm_gflops()) << " GFLOP/s (/ best). B = 1, Hq = Hkv = 8. "
      << "The last three columns pair each run with an SGEMM (n = " << kPairedSgemmN

@@ -6,7 +6,7 @@ Shapes cross the library's 64 x 64 tiles (seqlen_q 65, seqlen_k 129) with unequa
 import pytest
 import torch
 
-from conftest import assert_rule, attention_math
+from conftest import assert_rule, attention_math, cancellation_noise
 from flashgrad.torch import flash_attn_func, flash_attn_varlen_func
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -58,15 +58,16 @@ def leaves(q, k, v, extra):
     return out
 
 
-def run_math(q, k, v, dout, extra, kw, keep, compute, round_to):
-    """Math path on detached copies of the leaves: returns (out, {name: grad})."""
+def run_math(q, k, v, dout, extra, kw, keep, compute, round_to, parts=None):
+    """Math path on detached copies of the leaves: returns (out, {name: grad}); parts as in
+    attention_math."""
     ls = [(n, t.detach().to(compute).requires_grad_()) for n, t in leaves(q, k, v, extra)]
     d = dict(ls)
     out, _ = attention_math(d["dq"], d["dk"], d["dv"], compute=compute, round_to=round_to,
                             causal=kw.get("causal", False), window=kw.get("window_size", (-1, -1)),
                             softcap=kw.get("softcap", 0.0), alibi=extra.get("alibi_slopes"),
                             bias=d.get("dbias"), mask=extra.get("attn_mask"), sinks=d.get("dsinks"),
-                            keep=keep, dropout_p=kw.get("dropout_p", 0.0))
+                            keep=keep, dropout_p=kw.get("dropout_p", 0.0), parts=parts)
     out.backward(dout.to(compute))
     return out.detach(), {n: t.grad for n, t in ls}
 
@@ -84,12 +85,16 @@ def test_flash_attn_func_rule(name, dtype):
     else:
         out = flash_attn_func(q, k, v, **kw, **extra)
     out.backward(dout)
-    ref_out, ref_g = run_math(q, k, v, dout, extra, kw, keep, torch.float64, None)
+    parts = {}
+    ref_out, ref_g = run_math(q, k, v, dout, extra, kw, keep, torch.float64, None, parts)
     round_to = None if dtype == torch.float32 else dtype
     path_out, path_g = run_math(q, k, v, dout, extra, kw, keep, torch.float32, round_to)
     assert_rule("out", out, path_out, ref_out, dtype)
+    bias = extra.get("attn_bias")
+    cancel = cancellation_noise(q, dout, ref_out, parts, dtype, None if bias is None else bias.shape)
     for n, leaf in leaves(q, k, v, extra):
         extra_noise = sinks_noise(q, k, v, dout, extra, kw, ref_out, dtype) if n == "dsinks" else 0.0
+        extra_noise = max(extra_noise, cancel.get(n, 0.0))
         # dsinks and float32 bias gradients are float32 values: their rounding noise is float32's.
         assert_rule(n, leaf.grad, path_g[n], ref_g[n], leaf.dtype, extra_noise)
 

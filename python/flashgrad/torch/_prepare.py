@@ -43,23 +43,19 @@ def _to_4d(fn: str, arg: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_bias(fn: str, arg: str, bias, full: Sequence[int], varlen_max: Optional[Tuple[int, int]]):
-    """bias -> 4-D, differentiable view of the caller's tensor (no copy)."""
+    """bias -> (4-D differentiable view of the caller's tensor (no copy), the shape its gradient
+    takes in the library: the library's dbias cannot broadcast over seqlen, so those dims are
+    full there and FlashAttention.backward sums them back)."""
     if bias is None:
-        return None
+        return None, None
     check_tensor(fn, arg, bias)
     if bias.dtype not in _FLOAT:
         fail(fn, arg, "a floating dtype (float32, float64, bfloat16, float16)", f"dtype {bias.dtype}",
              type_error=True)
-    b = _to_4d(fn, arg, bias)
-    b = _fit_varlen(b, full, varlen_max)
-    if b.requires_grad and torch.is_grad_enabled():
-        # The library's dbias cannot broadcast over seqlen: read a stride-0 expanded view
-        # instead; autograd sums its gradient back to the caller's shape.
-        want = [b.shape[0], b.shape[1], full[2] if b.shape[2] == 1 else b.shape[2],
-                full[3] if b.shape[3] == 1 else b.shape[3]]
-        if list(b.shape) != want:
-            b = b.expand(*want)
-    return b
+    b = _fit_varlen(_to_4d(fn, arg, bias), full, varlen_max)
+    grad_shape = (b.shape[0], b.shape[1], full[2] if b.shape[2] == 1 else b.shape[2],
+                  full[3] if b.shape[3] == 1 else b.shape[3])
+    return b, grad_shape
 
 
 def prepare_mask(fn: str, arg: str, mask, full: Sequence[int], varlen_max: Optional[Tuple[int, int]]):
@@ -170,7 +166,7 @@ def attend(fn: str, inputs, unpack, to_lib, pack_dims, *, dropout_p, softmax_sca
         check_tensor(fn, "sinks", sinks)
         if sinks.dtype not in _FLOAT:
             fail(fn, "sinks", "a floating dtype (float32 preferred)", f"dtype {sinks.dtype}", type_error=True)
-    bias = prepare_bias(fn, "attn_bias", attn_bias, full, vmax)
+    bias, bias_grad_shape = prepare_bias(fn, "attn_bias", attn_bias, full, vmax)
     mask = prepare_mask(fn, "attn_mask", attn_mask, full, vmax)
     seed, offset = _autograd.dropout_seed_offset() if dropout_p > 0 else (0, 0)
     opts = {
@@ -181,7 +177,7 @@ def attend(fn: str, inputs, unpack, to_lib, pack_dims, *, dropout_p, softmax_sca
     }
     if varlen is not None:
         opts["cu_seqlens_q"], opts["cu_seqlens_k"] = varlen[0], varlen[1]
-    spec = Spec(fn, opts, unpack, to_lib, pack_dims, key_limit)
+    spec = Spec(fn, opts, unpack, to_lib, pack_dims, key_limit, bias_grad_shape)
     out, lse = FlashAttention.apply(spec, bias, sinks, *inputs)
     if not return_attn_probs:
         return out
