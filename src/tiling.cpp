@@ -118,7 +118,7 @@ TilePlan plan_forward(const AttnParams& p, bool amx) {
   return t;
 }
 
-TilePlan plan_backward(const AttnParams& p) {
+TilePlan plan_backward(const AttnParams& p, bool amx) {
   TilePlan t;
   choose_blocks(p, t);
   // 128-key tiles halve the Q and dO loads per FLOP of the dK/dV walk: 1
@@ -155,10 +155,12 @@ TilePlan plan_backward(const AttnParams& p) {
   g.row_b = c.take(bq);
   g.row_lo = c.take(bq * 8 / t.acc_bytes);
   g.row_hi = c.take(bq * 8 / t.acc_bytes);
-  const int64_t bq_pairs = round_up(bq, kPad);
-  g.q_pairs = c.take(bq_pairs * t.dqk_pad / 2);
-  g.dout_pairs = c.take(bq_pairs * t.dv_pad / 2);
-  g.pairs = c.take(bq_pairs * t.bk_ld);
+  if (amx && amx_call(p)) {
+    const int64_t bq_pairs = round_up(bq, kPad);
+    g.q_pairs = c.take(bq_pairs * t.dqk_pad / 2);
+    g.dout_pairs = c.take(bq_pairs * t.dv_pad / 2);
+    g.pairs = c.take(bq_pairs * t.bk_ld);
+  }
   // Single pass when every thread gets whole (batch, K/V head) tasks and the
   // threads' dQ accumulators stay within kFusedBytes; dbias needs the dQ
   // pass's ownership of its rows.

@@ -44,8 +44,8 @@ struct BackwardScratch {
   // products (AmxBackward), with bq = round_up(block_q, kPad): q_pairs and
   // dout_pairs hold a query block's q and dO as bf16 pairs [bq, d / 2],
   // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
-  int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, q_pairs, dout_pairs, pairs,
-      total;
+  int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
+  int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // amx plans only
   int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
 };
 
@@ -101,6 +101,7 @@ inline bool amx_call(const AttnParams& p) {
 }
 // amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
 TilePlan plan_forward(const AttnParams& p, bool amx = false);
-TilePlan plan_backward(const AttnParams& p);
+// amx: as for plan_forward; the AMX backward's pair buffers are laid out only then.
+TilePlan plan_backward(const AttnParams& p, bool amx = false);
 
 }  // namespace flashgrad

@@ -106,6 +106,7 @@ struct AmxBackward {
         dotp(words(ws.at(plan.bwd.dout))),
         pp(words(ws.at(plan.bwd.pairs))),
         dsp(words(ws.at(plan.bwd.pairs) + round_up(plan.block_q, kPad) / 2 * plan.bk_ld)) {
+    FG_DASSERT(plan.bwd.pairs > 0);  // plan_backward(p, true)
     amx_configure();
   }
   ~AmxBackward() { _tile_release(); }
