@@ -100,8 +100,8 @@ inline bool amx_call(const AttnParams& p) {
   return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 3;
 }
 // amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
-TilePlan plan_forward(const AttnParams& p, bool amx = false);
+TilePlan plan_forward(const AttnParams& p, bool amx);
 // amx: as for plan_forward; the AMX backward's pair buffers are laid out only then.
-TilePlan plan_backward(const AttnParams& p, bool amx = false);
+TilePlan plan_backward(const AttnParams& p, bool amx);
 
 }  // namespace flashgrad
