@@ -109,14 +109,19 @@ Isa default_isa() {
   return best;
 }
 
+namespace {
+// what: "argument 'isa'" or "environment variable 'FLASHGRAD_ISA'".
+[[noreturn]] void throw_unsupported(const char* what, Isa isa) {
+  std::string names;
+  for (Isa s : supported_isas()) names += std::string(names.empty() ? "" : ", ") + isa_to_string(s);
+  throw Error(std::string("flashgrad::isa: ") + what + ": expected an ISA this CPU and build support (" + names +
+                  "), got '" + isa_to_string(isa) + "'",
+              Error::Code::unsupported);
+}
+}  // namespace
+
 const KernelTable& kernels_for(Isa isa) {
-  if (!cpu_supports(isa)) {
-    std::string names;
-    for (Isa s : supported_isas()) names += std::string(names.empty() ? "" : ", ") + isa_to_string(s);
-    throw Error(std::string("flashgrad::isa: argument 'isa': expected an ISA this CPU and build support (") + names +
-                    "), got '" + isa_to_string(isa) + "'",
-                Error::Code::unsupported);
-  }
+  if (!cpu_supports(isa)) throw_unsupported("argument 'isa'", isa);
   switch (isa) {
 #if FLASHGRAD_HAVE_X86_KERNELS
     case Isa::amx: return cpu::amx::table;
@@ -132,8 +137,11 @@ namespace {
 const KernelTable& choose() {
   const char* env = std::getenv("FLASHGRAD_ISA");
   if (env && *env) {
-    for (Isa isa : kAll)
-      if (std::strcmp(env, isa_to_string(isa)) == 0) return kernels_for(isa);
+    for (Isa isa : kAll) {
+      if (std::strcmp(env, isa_to_string(isa)) != 0) continue;
+      if (!cpu_supports(isa)) throw_unsupported("environment variable 'FLASHGRAD_ISA'", isa);
+      return kernels_for(isa);
+    }
     throw Error(std::string("flashgrad::isa: environment variable 'FLASHGRAD_ISA': expected scalar, avx2, "
                             "avx512, avx512bf16 or amx, got '") + env + "'");
   }
