@@ -102,14 +102,14 @@ def cancellation_noise(q, dout, out64, parts: dict, dtype, bias_shape=None) -> d
     u_acc = 2.0 ** (-53 if dtype == torch.float64 else -24)
     u_out = torch.finfo(dtype).eps / 2
     d64, q64 = dout.detach().double(), q.detach().double()
-    p, z, cap, scale, k, v = (parts[n] for n in ("p", "z", "cap", "scale", "k", "v"))
+    p, z, cap, scale, k, v, heads_kv = (parts[n] for n in
+                                        ("p", "z", "cap", "scale", "k", "v", "heads_kv"))
     dpd = torch.einsum("bihd,bjhd->bhij", d64.abs(), v.abs())
     delta = (d64 * out64.double()).abs().sum(-1).transpose(1, 2)[..., None]
     gb = p * (u_acc * dpd * z + u_out * delta)
     ds = gb * cap
     dq = scale * torch.einsum("bhij,bjhd->bihd", ds, k.abs())
     dk = scale * torch.einsum("bhij,bihd->bjhd", ds, q64.abs())
-    heads_kv = parts.get("heads_kv", k.shape[2])
     dk = dk.reshape(dk.shape[0], dk.shape[1], heads_kv, -1, dk.shape[3]).sum(3)
     out = {"dq": dq.max().item(), "dk": dk.max().item()}
     if bias_shape is not None:
