@@ -79,6 +79,9 @@ inline f16_t f16_from(float f) {
 #if FG_VEC_GEMM
 inline VecF vload_as(const bf16_t* p) { return vload_bf16(&p->bits); }
 inline VecF vload_as(const f16_t* p) { return vload_f16(&p->bits); }
+// One element of f32, bf16 or f16 (converted exactly) in every lane.
+template <typename TA>
+inline VecF vbroadcast_as(const TA* p) { return vbroadcast(to_float(*p)); }
 #endif
 template <> inline bf16_t from_acc<bf16_t>(double x) { return bf16_from(static_cast<float>(x)); }
 template <> inline f16_t from_acc<f16_t>(double x) { return f16_from(static_cast<float>(x)); }
@@ -198,11 +201,81 @@ inline void opaque(const float*& p) {
 // the A elements it reads: A's elements for the step (a_cs != 1), or, when
 // A's rows run along k (a_cs == 1), a line of row p mod Mr, so that every
 // line of A's rows is asked for once or twice (pf: an A operand read in
-// place, a few rows ahead).
+// place, a few rows ahead). A is f32, or bf16 read in place where the ISA
+// broadcasts bf16 pairs (accumulate_bf16_pairs).
 enum class Epi { store, add_rows, add_cols, store_colmax };
 
-template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
-inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_cs, const TB* b,
+#if FG_BF16_PAIRS
+// bf16 A read where it lies: two of its elements adjacent in memory are
+// broadcast as one 32-bit word and split into two f32 (vpair_lo: the
+// lower-indexed element, vpair_hi), one load for two broadcasts; along k
+// when A's rows run along it (a_cs == 1), else across rows r and r + 1
+// (A1). Each C element gets the same FMAs in the same order as from f32 A
+// holding the same values.
+template <int Mr, int Nv, bool Pf, bool A1, typename TB>
+inline void accumulate_bf16_pairs(VecF (&acc)[Mr][Nv], int64_t k, const bf16_t* a, int64_t a_rs, int64_t a_cs,
+                                  const TB* b, int64_t ldb, int64_t pf) {
+  if constexpr (A1) {
+    for (int64_t p = 0; p < k; ++p) {
+      if constexpr (Pf) prefetch_l2(reinterpret_cast<const char*>(a + p * a_cs) + pf);
+      VecF bv[Nv];
+#pragma GCC unroll 4
+      for (int j = 0; j < Nv; ++j) bv[j] = vload_as(b + p * ldb + j * kLanes);
+#pragma GCC unroll 8
+      for (int r = 0; r + 1 < Mr; r += 2) {
+        const VecF w = vbroadcast_pair(a + r + p * a_cs), lo = vpair_lo(w), hi = vpair_hi(w);
+#pragma GCC unroll 4
+        for (int j = 0; j < Nv; ++j) {
+          acc[r][j] = vfma(lo, bv[j], acc[r][j]);
+          acc[r + 1][j] = vfma(hi, bv[j], acc[r + 1][j]);
+        }
+      }
+      if constexpr (Mr % 2 == 1) {
+        const VecF av = vbroadcast_as(a + (Mr - 1) + p * a_cs);
+#pragma GCC unroll 4
+        for (int j = 0; j < Nv; ++j) acc[Mr - 1][j] = vfma(av, bv[j], acc[Mr - 1][j]);
+      }
+    }
+    return;
+  }
+  FG_DASSERT(a_cs == 1);
+  (void)a_cs;
+  int64_t p = 0;
+  int r_pf = 0;  // the row whose line this step asks for, in turn
+  for (; p + 2 <= k; p += 2) {
+    if constexpr (Pf) {
+      prefetch_l2(reinterpret_cast<const char*>(a + r_pf * a_rs + p) + pf);
+      if (++r_pf == Mr) r_pf = 0;
+    }
+    VecF b0[Nv], b1[Nv];
+#pragma GCC unroll 4
+    for (int j = 0; j < Nv; ++j) {
+      b0[j] = vload_as(b + p * ldb + j * kLanes);
+      b1[j] = vload_as(b + (p + 1) * ldb + j * kLanes);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Mr; ++r) {
+      const VecF w = vbroadcast_pair(a + r * a_rs + p), lo = vpair_lo(w), hi = vpair_hi(w);
+#pragma GCC unroll 4
+      for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(hi, b1[j], vfma(lo, b0[j], acc[r][j]));
+    }
+  }
+  if (p < k) {
+    VecF bv[Nv];
+#pragma GCC unroll 4
+    for (int j = 0; j < Nv; ++j) bv[j] = vload_as(b + p * ldb + j * kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < Mr; ++r) {
+      const VecF av = vbroadcast_as(a + r * a_rs + p);
+#pragma GCC unroll 4
+      for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(av, bv[j], acc[r][j]);
+    }
+  }
+}
+#endif
+
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
+inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, const TB* b,
                            int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   const int64_t a_rs = A1 ? 1 : a_rs_;
   VecF acc[Mr][Nv];
@@ -211,7 +284,13 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_c
 #pragma GCC unroll 4
     for (int j = 0; j < Nv; ++j) acc[r][j] = vzero();
   int64_t p = 0;
-  if constexpr (Nv == 1 && !A1) {
+#if FG_BF16_PAIRS
+  if constexpr (std::is_same<TA, bf16_t>::value) {
+    accumulate_bf16_pairs<Mr, Nv, Pf, A1>(acc, k, a, a_rs, a_cs, b, ldb, pf);
+    p = k;
+  }
+#endif
+  if constexpr (Nv == 1 && !A1 && std::is_same<TA, float>::value) {
     if (a_cs == 1) {
       // Mr rows along k under one vector (the narrow tiles' S^T): each
       // FMA's broadcast is an offset from its row's pointer, bumped every 4
@@ -247,7 +326,7 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_c
     for (int j = 0; j < Nv; ++j) bv[j] = vload_as(b + p * ldb + j * kLanes);
 #pragma GCC unroll 16
     for (int r = 0; r < Mr; ++r) {
-      const VecF av = vbroadcast(a[r * a_rs + p * a_cs]);
+      const VecF av = vbroadcast_as(a + r * a_rs + p * a_cs);
 #pragma GCC unroll 4
       for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(av, bv[j], acc[r][j]);
     }
@@ -284,8 +363,8 @@ inline void gemm_f32_block(int64_t k, const float* a, int64_t a_rs_, int64_t a_c
 }
 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
-template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
-inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
+inline void gemm_f32_rows(int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   // add_cols and store_colmax: rs has one entry per column
   const int64_t col_step = E == Epi::add_cols || E == Epi::store_colmax ? 1 : 0;
@@ -298,8 +377,8 @@ inline void gemm_f32_rows(int64_t n, int64_t k, const float* a, int64_t a_rs, in
 }
 
 // The last rows (m mod Mr) in one block of their own height.
-template <int R, int Nv, Epi E, bool Pf, bool A1, typename TB>
-inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+template <int R, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
+inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
                           const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   if constexpr (R > 0) {
     if (rest == R) return gemm_f32_rows<R, Nv, E, Pf, A1>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
@@ -307,8 +386,8 @@ inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const float* a, in
   }
 }
 
-template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TB>
-inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
+inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
                        const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
   const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
   int64_t i = 0;
@@ -326,8 +405,8 @@ inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 // broadcasts of a column's Mr elements are offsets from one pointer: with
 // a_rs known only at run time, GCC kept Mr row offsets, and at Mr = 16 it
 // spilled them, reloading one before each FMA.
-template <int Mr, int Nv, Epi E = Epi::store, bool Pf = false, typename TB>
-inline void gemm_f32(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+template <int Mr, int Nv, Epi E = Epi::store, bool Pf = false, typename TA, typename TB>
+inline void gemm_f32(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
                      const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr, int64_t pf = 0) {
   FG_DASSERT(n % ((Nv == 1 ? 1 : 2) * kLanes) == 0);
   if (a_rs == 1) return gemm_f32_m<Mr, Nv, E, Pf, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);

@@ -61,6 +61,17 @@ inline VecF vload_bf16(const uint16_t* p) {
 }
 inline VecF vload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// bf16 elements p[0] and p[1] broadcast as one 32-bit word, and each half
+// as f32 (vec.inl, accumulate_bf16_pairs).
+#define FG_BF16_PAIRS 1
+inline VecF vbroadcast_pair(const void* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(w)));
+}
+inline VecF vpair_lo(VecF w) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)); }
+inline VecF vpair_hi(VecF w) { return _mm256_and_ps(w, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xffff0000u)))); }
+
 // dst[c * ldd + r] = src[r * lds + c] for one 8 x 8 block, in registers;
 // S is float, bf16_t or f16_t (vload_as converts).
 constexpr int64_t kTransposeBlock = 8;
