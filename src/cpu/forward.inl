@@ -110,8 +110,8 @@ struct AccTiles {
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value)
       if (v_in_place)
-        return gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
-                                                  plan.dv_pad, alpha);
+        return gemm_f32<kInPlaceRows, std::is_same<T, float>::value ? kInPlaceVecs : kGemmVecs, Epi::add_rows>(
+            mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o, plan.dv_pad, alpha);
 #endif
     gemm_nn_acc(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, o, plan.dv_pad, alpha, pv);
   }
