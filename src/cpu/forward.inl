@@ -108,10 +108,17 @@ struct AccTiles {
   void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, const Acc* alpha, Acc* o,
           Acc* pv) const {
 #if FG_VEC_GEMM
-    if constexpr (std::is_same<Acc, float>::value)
+    if constexpr (std::is_same<Acc, float>::value) {
+      if (v_in_place && kInPlaceWholeRows && std::is_same<T, float>::value) {
+        static_assert(kInPlaceRows == 2, "gemm_rows_whole takes 1 or 2 rows");
+        const auto* vf = reinterpret_cast<const float*>(v_rows);
+        if (mq == 1) return gemm_rows_whole<1>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
+        return gemm_rows_whole<2>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
+      }
       if (v_in_place)
-        return gemm_f32<kInPlaceRows, std::is_same<T, float>::value ? kInPlaceVecs : kGemmVecs, Epi::add_rows>(
-            mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o, plan.dv_pad, alpha);
+        return gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
+                                                           plan.dv_pad, alpha);
+    }
 #endif
     gemm_nn_acc(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v, plan.dv_pad, o, plan.dv_pad, alpha, pv);
   }

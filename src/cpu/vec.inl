@@ -417,6 +417,50 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
                     const float* b, int64_t ldb, float* c, int64_t ldc) {
   gemm_f32<kGemmMr, kGemmVecs>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
 }
+
+// C [M, n] = C * rs[r] + A B (rs null: C + A B) for M = 1 or 2 rows of A
+// (along k) and B's rows read where they lie: G rows of B at a time, each
+// read whole, their sums kept in acc ([M, n]) between groups. Every C
+// element gets the same FMAs in the same order as from gemm_f32's add_rows,
+// whose passes over n read one vector block of every B row in turn.
+template <int M>
+inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, const float* b, int64_t ldb,
+                            float* acc, float* c, int64_t ldc, const float* rs) {
+  constexpr int G = M == 1 ? 8 : 4;
+  for (int64_t x = 0; x < M * n; x += kLanes) vstore(acc + x, vzero());
+  const auto group = [&](int64_t j, auto gs) {
+    constexpr int Gs = decltype(gs)::value;
+    VecF pb[M][Gs];
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r)
+#pragma GCC unroll 8
+      for (int g = 0; g < Gs; ++g) pb[r][g] = vbroadcast(a[r * a_rs + j + g]);
+    for (int64_t x = 0; x < n; x += kLanes) {
+      VecF sum[M];
+#pragma GCC unroll 2
+      for (int r = 0; r < M; ++r) sum[r] = vload(acc + r * n + x);
+#pragma GCC unroll 8
+      for (int g = 0; g < Gs; ++g) {
+        const VecF bv = vload(b + (j + g) * ldb + x);
+#pragma GCC unroll 2
+        for (int r = 0; r < M; ++r) sum[r] = vfma(pb[r][g], bv, sum[r]);
+      }
+#pragma GCC unroll 2
+      for (int r = 0; r < M; ++r) vstore(acc + r * n + x, sum[r]);
+    }
+  };
+  int64_t j = 0;
+  for (; j + G <= k; j += G) group(j, std::integral_constant<int, G>{});
+  for (; j < k; ++j) group(j, std::integral_constant<int, 1>{});
+  for (int r = 0; r < M; ++r) {
+    float* cr = c + r * ldc;
+    const VecF sc = rs ? vbroadcast(rs[r]) : vzero();
+    for (int64_t x = 0; x < n; x += kLanes) {
+      const VecF sum = vload(acc + r * n + x);
+      vstore(cr + x, rs ? vfma(vload(cr + x), sc, sum) : vadd(vload(cr + x), sum));
+    }
+  }
+}
 #endif
 
 // acc[r, 0..n) = acc[r, 0..n) * row_scale[r] + add[r, 0..n) (row_scale null: 1).
