@@ -78,10 +78,24 @@ struct AccTiles {
   const T* v_rows = nullptr;  // this tile's V rows when read in place
   int64_t v_ld = 0;
   bool v_in_place = false;
+  // At 1 or 2 query rows, f32 K rows are read in place too where the ISA
+  // transposes in registers (scores_rows_whole): the K^T tile's transpose
+  // waited on K's loads and its 32 KiB of stores (d = 128) pushed them out
+  // of L1 (decode, f32, d = 128, 8 heads, alternating calls, medians of K+V
+  // read per second, avx2: Lk = 64k 2 threads 11.4 / 11.6 -> 13.3 / 13.9 GB/s,
+  // 1 thread 6.8 / 7.1 -> 8.2 / 8.3, 2 query rows 9.6 / 9.0 -> 10.3 / 9.8;
+  // [B, H, L, d] 9.5 -> 10.6; Lk = 4096 1 thread 6.4 -> 8.1).
+  const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
+  int64_t k_ld = 0, k_n = 0;
+  bool k_in_place = false;
   AccTiles(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
     v_in_place = std::is_same<Acc, float>::value && mq <= kInPlaceRows && p.v.dim_stride == 1 &&
                  p.head_dim_v % kPad == 0;
+#endif
+#if FG_TRANSPOSE_REGS
+    k_in_place = std::is_same<T, float>::value && std::is_same<Acc, float>::value && mq <= kInPlaceRows &&
+                 p.k.dim_stride == 1 && p.head_dim % kLanes == 0;
 #endif
     (void)p, (void)mq;
   }
@@ -95,13 +109,27 @@ struct AccTiles {
   // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v (or v_rows).
   void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, Acc* kt,
                Acc* v, Acc* stage) {
-    load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
+    if (k_in_place) {
+      k_rows = static_cast<const T*>(p.k.data) + row_offset(p.k, b, seq0, hk);
+      k_ld = p.k.seq_stride;
+      k_n = nj;
+    } else {
+      load_tile_t<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
+    }
     if (!v_in_place) return load_tile<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, v);
     v_rows = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
     v_ld = p.v.seq_stride;
   }
   // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
-  static void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) {
+  void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) const {
+#if FG_TRANSPOSE_REGS
+    if constexpr (std::is_same<T, float>::value && std::is_same<Acc, float>::value) {
+      if (k_in_place) {
+        if (mq == 1) return scores_rows_whole<1>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
+        return scores_rows_whole<2>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
+      }
+    }
+#endif
     gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad);
   }
   // o [mq, dv_pad] = o * alpha + P v over the tile's nj keys, P in s; pv is scratch.

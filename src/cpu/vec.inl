@@ -418,6 +418,38 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
   gemm_f32<kGemmMr, kGemmVecs>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
 }
 
+#if FG_TRANSPOSE_REGS
+// S [M, nj] = Q K^T for M = 1 or 2 rows of Q ([M, d], row stride ldq) and
+// nj rows of K read where they lie (row stride ldk), d a multiple of kLanes:
+// kLanes rows of K at a time, each read whole, transposed in registers, so
+// no K^T tile is stored. Each score is the FMA chain over d in order that
+// gemm_nn(Q, K^T) computes. Columns nj .. round_up(nj, kLanes) get
+// duplicates of the last row's score.
+template <int M>
+inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq, const float* k, int64_t ldk,
+                              float* s, int64_t lds) {
+  for (int64_t j = 0; j < nj; j += kLanes) {
+    const float* kr[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) kr[i] = k + std::min(j + i, nj - 1) * ldk;
+    VecF acc[M];
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m) acc[m] = vzero();
+    for (int64_t c = 0; c < d; c += kLanes) {
+      VecF r[kLanes];
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i) r[i] = vload(kr[i] + c);
+      transpose_regs(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i)
+#pragma GCC unroll 2
+        for (int m = 0; m < M; ++m) acc[m] = vfma(vbroadcast(q[m * ldq + c + i]), r[i], acc[m]);
+    }
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m) vstore(s + m * lds + j, acc[m]);
+  }
+}
+#endif
+
 // C [M, n] = C * rs[r] + A B (rs null: C + A B) for M = 1 or 2 rows of A
 // (along k) and B's rows read where they lie: G rows of B at a time, each
 // read whole, their sums kept in acc ([M, n]) between groups. Every C

@@ -81,13 +81,10 @@ inline VecF vbroadcast_pair(const void* p) {
 inline VecF vpair_lo(VecF w) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)); }
 inline VecF vpair_hi(VecF w) { return _mm256_and_ps(w, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xffff0000u)))); }
 
-// dst[c * ldd + r] = src[r * lds + c] for one 8 x 8 block, in registers;
-// S is float, bf16_t or f16_t (vload_as converts).
-constexpr int64_t kTransposeBlock = 8;
-template <typename S>
-inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = vload_as(src + i * lds);
+// r[i] = row i of an 8 x 8 block in, column i out.
+#define FG_TRANSPOSE_REGS 1
+inline void transpose_regs(VecF (&r)[8]) {
+  __m256 t[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -99,7 +96,19 @@ inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) 
     r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
   }
   for (int k = 0; k < 4; ++k) {
-    _mm256_storeu_ps(dst + k * ldd, _mm256_permute2f128_ps(r[k], r[4 + k], 0x20));
-    _mm256_storeu_ps(dst + (4 + k) * ldd, _mm256_permute2f128_ps(r[k], r[4 + k], 0x31));
+    t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
+    t[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
   }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for one 8 x 8 block, in registers;
+// S is float, bf16_t or f16_t (vload_as converts).
+constexpr int64_t kTransposeBlock = 8;
+template <typename S>
+inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = vload_as(src + i * lds);
+  transpose_regs(r);
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * ldd, r[i]);
 }
