@@ -78,13 +78,15 @@ struct AccTiles {
   const T* v_rows = nullptr;  // this tile's V rows when read in place
   int64_t v_ld = 0;
   bool v_in_place = false;
-  // At 1 or 2 query rows, f32 K rows are read in place too where the ISA
+  // At 1 or 2 query rows, K rows are read in place too where the ISA
   // transposes in registers (scores_rows_whole): the K^T tile's transpose
   // waited on K's loads and its 32 KiB of stores (d = 128) pushed them out
-  // of L1 (decode, f32, d = 128, 8 heads, alternating calls, medians of K+V
-  // read per second, avx2: Lk = 64k 2 threads 11.4 / 11.6 -> 13.3 / 13.9 GB/s,
-  // 1 thread 6.8 / 7.1 -> 8.2 / 8.3, 2 query rows 9.6 / 9.0 -> 10.3 / 9.8;
-  // [B, H, L, d] 9.5 -> 10.6; Lk = 4096 1 thread 6.4 -> 8.1).
+  // of L1 (decode, d = 128, 8 heads, alternating calls, medians of K+V read
+  // per second, avx2: f32 Lk = 64k 2 threads 11.4 / 11.6 -> 13.3 / 13.9
+  // GB/s, 1 thread 6.8 / 7.1 -> 8.2 / 8.3, 2 query rows 9.6 / 9.0 -> 10.3 /
+  // 9.8; [B, H, L, d] 9.5 -> 10.6; Lk = 4096 1 thread 6.4 -> 8.1; bf16 K and
+  // V both read whole rows against neither: 2 threads 5.4 / 4.2 -> 6.3 /
+  // 4.9, 1 thread 2.6 / 2.4 -> 3.0 / 2.4, 2 query rows 4.8 / 4.5 -> 7.6 / 7.9).
   const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
   int64_t k_ld = 0, k_n = 0;
   bool k_in_place = false;
@@ -94,8 +96,8 @@ struct AccTiles {
                  p.head_dim_v % kPad == 0;
 #endif
 #if FG_TRANSPOSE_REGS
-    k_in_place = std::is_same<T, float>::value && std::is_same<Acc, float>::value && mq <= kInPlaceRows &&
-                 p.k.dim_stride == 1 && p.head_dim % kLanes == 0;
+    k_in_place = std::is_same<Acc, float>::value && mq <= kInPlaceRows && p.k.dim_stride == 1 &&
+                 p.head_dim % kLanes == 0;
 #endif
     (void)p, (void)mq;
   }
@@ -123,7 +125,7 @@ struct AccTiles {
   // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
   void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) const {
 #if FG_TRANSPOSE_REGS
-    if constexpr (std::is_same<T, float>::value && std::is_same<Acc, float>::value) {
+    if constexpr (std::is_same<Acc, float>::value) {
       if (k_in_place) {
         if (mq == 1) return scores_rows_whole<1>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
         return scores_rows_whole<2>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
@@ -137,9 +139,9 @@ struct AccTiles {
           Acc* pv) const {
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value) {
-      if (v_in_place && kInPlaceWholeRows && std::is_same<T, float>::value) {
+      if (v_in_place && kInPlaceWholeRows) {
         static_assert(kInPlaceRows == 2, "gemm_rows_whole takes 1 or 2 rows");
-        const auto* vf = reinterpret_cast<const float*>(v_rows);
+        const auto* vf = v_rows;
         if (mq == 1) return gemm_rows_whole<1>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
         return gemm_rows_whole<2>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
       }

@@ -420,16 +420,17 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
 
 #if FG_TRANSPOSE_REGS
 // S [M, nj] = Q K^T for M = 1 or 2 rows of Q ([M, d], row stride ldq) and
-// nj rows of K read where they lie (row stride ldk), d a multiple of kLanes:
+// nj rows of K (f32, or bf16 / f16 converted on load) read where they lie
+// (row stride ldk), d a multiple of kLanes:
 // kLanes rows of K at a time, each read whole, transposed in registers, so
 // no K^T tile is stored. Each score is the FMA chain over d in order that
 // gemm_nn(Q, K^T) computes. Columns nj .. round_up(nj, kLanes) get
 // duplicates of the last row's score.
-template <int M>
-inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq, const float* k, int64_t ldk,
+template <int M, typename TK>
+inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq, const TK* k, int64_t ldk,
                               float* s, int64_t lds) {
   for (int64_t j = 0; j < nj; j += kLanes) {
-    const float* kr[kLanes];
+    const TK* kr[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) kr[i] = k + std::min(j + i, nj - 1) * ldk;
     VecF acc[M];
 #pragma GCC unroll 2
@@ -437,7 +438,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
     for (int64_t c = 0; c < d; c += kLanes) {
       VecF r[kLanes];
 #pragma GCC unroll 16
-      for (int i = 0; i < kLanes; ++i) r[i] = vload(kr[i] + c);
+      for (int i = 0; i < kLanes; ++i) r[i] = vload_as(kr[i] + c);
       transpose_regs(r);
 #pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i)
@@ -455,8 +456,8 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 // read whole, their sums kept in acc ([M, n]) between groups. Every C
 // element gets the same FMAs in the same order as from gemm_f32's add_rows,
 // whose passes over n read one vector block of every B row in turn.
-template <int M>
-inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, const float* b, int64_t ldb,
+template <int M, typename TB>
+inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, const TB* b, int64_t ldb,
                             float* acc, float* c, int64_t ldc, const float* rs) {
   constexpr int G = M == 1 ? 8 : 4;
   for (int64_t x = 0; x < M * n; x += kLanes) vstore(acc + x, vzero());
@@ -473,7 +474,7 @@ inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, 
       for (int r = 0; r < M; ++r) sum[r] = vload(acc + r * n + x);
 #pragma GCC unroll 8
       for (int g = 0; g < Gs; ++g) {
-        const VecF bv = vload(b + (j + g) * ldb + x);
+        const VecF bv = vload_as(b + (j + g) * ldb + x);
 #pragma GCC unroll 2
         for (int r = 0; r < M; ++r) sum[r] = vfma(pb[r][g], bv, sum[r]);
       }

@@ -5,14 +5,15 @@ using VecF = __m256;
 constexpr int64_t kLanes = 8;
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
-// P V over f32 V rows read in place at 1 or 2 query rows (forward.inl)
-// reads whole rows a few at a time (gemm_rows_whole): passes of one or two
-// lines over every row, rows a page apart, waited on every fetch (decode,
-// f32, d = 128, 8 heads, Lk = 64k, [B, L, H, d], alternating runs, K+V read
-// per second: 16 -> 32 columns per pass, 1 thread 4.1-4.8 -> 5.8-6.1 GB/s, 2
-// threads 5.4-5.9 -> 7.1-7.3; 32 columns -> whole rows, alternating calls,
-// medians: 1 thread 4.5 / 5.4 -> 4.7 / 6.2, 2 threads 9.2 / 10.1 -> 10.0 /
-// 11.1, 2 query rows 7.5 / 9.5 -> 8.4 / 10.3; [B, H, L, d] about even).
+// P V over V rows read in place at 1 or 2 query rows (forward.inl) reads
+// whole rows a few at a time (gemm_rows_whole): passes of one or two lines
+// over every row, rows a page apart, waited on every fetch (decode, f32, d
+// = 128, 8 heads, Lk = 64k, [B, L, H, d], alternating runs, K+V read per
+// second: 16 -> 32 columns per pass, 1 thread 4.1-4.8 -> 5.8-6.1 GB/s, 2
+// threads 5.4-5.9 -> 7.1-7.3 (bf16 lost: 4.3-5.5 -> 3.6-4.1); 32 columns ->
+// whole rows, alternating calls, medians: 1 thread 4.5 / 5.4 -> 4.7 / 6.2, 2
+// threads 9.2 / 10.1 -> 10.0 / 11.1, 2 query rows 7.5 / 9.5 -> 8.4 / 10.3;
+// [B, H, L, d] about even).
 constexpr bool kInPlaceWholeRows = true;
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
 inline VecF vzero() { return _mm256_setzero_ps(); }
