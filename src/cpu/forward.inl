@@ -73,12 +73,21 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
 // 2 and 3 rows, 17.7 -> 15.4 at 4 rows; bf16 11.5 -> 12.9 at 1 row.
 constexpr int64_t kInPlaceRows = 2;
 
+// f(std::integral_constant<int, mq>) for 1 <= mq <= 4.
+template <typename F>
+void with_rows(int64_t mq, F f) {
+  if (mq == 1) return f(std::integral_constant<int, 1>{});
+  if (mq == 2) return f(std::integral_constant<int, 2>{});
+  if (mq == 3) return f(std::integral_constant<int, 3>{});
+  return f(std::integral_constant<int, 4>{});
+}
+
 template <typename T, typename Acc>
 struct AccTiles {
   const T* v_rows = nullptr;  // this tile's V rows when read in place
   int64_t v_ld = 0;
   bool v_in_place = false;
-  // At 1 or 2 query rows, K rows are read in place too where the ISA
+  // At 1 to kWholeRows query rows, K rows are read in place too where the ISA
   // transposes in registers (scores_rows_whole): the K^T tile's transpose
   // waited on K's loads and its 32 KiB of stores (d = 128) pushed them out
   // of L1 (decode, d = 128, 8 heads, alternating calls, medians of K+V read
@@ -86,17 +95,20 @@ struct AccTiles {
   // GB/s, 1 thread 6.8 / 7.1 -> 8.2 / 8.3, 2 query rows 9.6 / 9.0 -> 10.3 /
   // 9.8; [B, H, L, d] 9.5 -> 10.6; Lk = 4096 1 thread 6.4 -> 8.1; bf16 K and
   // V both read whole rows against neither: 2 threads 5.4 / 4.2 -> 6.3 /
-  // 4.9, 1 thread 2.6 / 2.4 -> 3.0 / 2.4, 2 query rows 4.8 / 4.5 -> 7.6 / 7.9).
+  // 4.9, 1 thread 2.6 / 2.4 -> 3.0 / 2.4, 2 query rows 4.8 / 4.5 -> 7.6 / 7.9;
+  // 3 and 4 rows, K and V whole against staged: f32 8.7 / 8.2 -> 9.7 / 9.3
+  // and 8.7 / 7.3 -> 9.9 / 8.4, bf16 5.7 / 4.6 -> 6.2 / 4.9 and 5.3 / 4.9 ->
+  // 5.4 / 5.2).
   const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
   int64_t k_ld = 0, k_n = 0;
   bool k_in_place = false;
   AccTiles(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-    v_in_place = std::is_same<Acc, float>::value && mq <= kInPlaceRows && p.v.dim_stride == 1 &&
+    v_in_place = std::is_same<Acc, float>::value && (mq <= kInPlaceRows || mq <= kWholeRows) && p.v.dim_stride == 1 &&
                  p.head_dim_v % kPad == 0;
 #endif
 #if FG_TRANSPOSE_REGS
-    k_in_place = std::is_same<Acc, float>::value && mq <= kInPlaceRows && p.k.dim_stride == 1 &&
+    k_in_place = std::is_same<Acc, float>::value && mq <= kWholeRows && p.k.dim_stride == 1 &&
                  p.head_dim % kLanes == 0;
 #endif
     (void)p, (void)mq;
@@ -127,8 +139,9 @@ struct AccTiles {
 #if FG_TRANSPOSE_REGS
     if constexpr (std::is_same<Acc, float>::value) {
       if (k_in_place) {
-        if (mq == 1) return scores_rows_whole<1>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
-        return scores_rows_whole<2>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
+        return with_rows(mq, [&](auto m) {
+          scores_rows_whole<decltype(m)::value>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
+        });
       }
     }
 #endif
@@ -139,12 +152,10 @@ struct AccTiles {
           Acc* pv) const {
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value) {
-      if (v_in_place && kInPlaceWholeRows) {
-        static_assert(kInPlaceRows == 2, "gemm_rows_whole takes 1 or 2 rows");
-        const auto* vf = v_rows;
-        if (mq == 1) return gemm_rows_whole<1>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
-        return gemm_rows_whole<2>(plan.dv_pad, nj, s, plan.bk_pad, vf, v_ld, pv, o, plan.dv_pad, alpha);
-      }
+      if (v_in_place && mq <= kWholeRows)
+        return with_rows(mq, [&](auto m) {
+          gemm_rows_whole<decltype(m)::value>(plan.dv_pad, nj, s, plan.bk_pad, v_rows, v_ld, pv, o, plan.dv_pad, alpha);
+        });
       if (v_in_place)
         return gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
                                                            plan.dv_pad, alpha);

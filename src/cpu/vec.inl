@@ -419,7 +419,7 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
 }
 
 #if FG_TRANSPOSE_REGS
-// S [M, nj] = Q K^T for M = 1 or 2 rows of Q ([M, d], row stride ldq) and
+// S [M, nj] = Q K^T for M = 1 to 4 rows of Q ([M, d], row stride ldq) and
 // nj rows of K (f32, or bf16 / f16 converted on load) read where they lie
 // (row stride ldk), d a multiple of kLanes:
 // kLanes rows of K at a time, each read whole, transposed in registers, so
@@ -433,7 +433,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
     const TK* kr[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) kr[i] = k + std::min(j + i, nj - 1) * ldk;
     VecF acc[M];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[m] = vzero();
     for (int64_t c = 0; c < d; c += kLanes) {
       VecF r[kLanes];
@@ -442,16 +442,16 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
       transpose_regs(r);
 #pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int m = 0; m < M; ++m) acc[m] = vfma(vbroadcast(q[m * ldq + c + i]), r[i], acc[m]);
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int m = 0; m < M; ++m) vstore(s + m * lds + j, acc[m]);
   }
 }
 #endif
 
-// C [M, n] = C * rs[r] + A B (rs null: C + A B) for M = 1 or 2 rows of A
+// C [M, n] = C * rs[r] + A B (rs null: C + A B) for M = 1 to 4 rows of A
 // (along k) and B's rows read where they lie: G rows of B at a time, each
 // read whole, their sums kept in acc ([M, n]) between groups. Every C
 // element gets the same FMAs in the same order as from gemm_f32's add_rows,
@@ -459,7 +459,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 template <int M, typename TB>
 inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, const TB* b, int64_t ldb,
                             float* acc, float* c, int64_t ldc, const float* rs) {
-  constexpr int G = M == 1 ? 8 : 4;
+  constexpr int G = M == 1 ? 8 : M == 2 ? 4 : 2;
   for (int64_t x = 0; x < M * n; x += kLanes) vstore(acc + x, vzero());
   const auto group = [&](int64_t j, auto gs) {
     constexpr int Gs = decltype(gs)::value;
@@ -470,15 +470,15 @@ inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, 
       for (int g = 0; g < Gs; ++g) pb[r][g] = vbroadcast(a[r * a_rs + j + g]);
     for (int64_t x = 0; x < n; x += kLanes) {
       VecF sum[M];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int r = 0; r < M; ++r) sum[r] = vload(acc + r * n + x);
 #pragma GCC unroll 8
       for (int g = 0; g < Gs; ++g) {
         const VecF bv = vload_as(b + (j + g) * ldb + x);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int r = 0; r < M; ++r) sum[r] = vfma(pb[r][g], bv, sum[r]);
       }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int r = 0; r < M; ++r) vstore(acc + r * n + x, sum[r]);
     }
   };

@@ -5,7 +5,7 @@ using VecF = __m256;
 constexpr int64_t kLanes = 8;
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
-// P V over V rows read in place at 1 or 2 query rows (forward.inl) reads
+// P V over V rows read in place at 1 to kWholeRows query rows (forward.inl) reads
 // whole rows a few at a time (gemm_rows_whole): passes of one or two lines
 // over every row, rows a page apart, waited on every fetch (decode, f32, d
 // = 128, 8 heads, Lk = 64k, [B, L, H, d], alternating runs, K+V read per
@@ -13,8 +13,8 @@ constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
 // threads 5.4-5.9 -> 7.1-7.3 (bf16 lost: 4.3-5.5 -> 3.6-4.1); 32 columns ->
 // whole rows, alternating calls, medians: 1 thread 4.5 / 5.4 -> 4.7 / 6.2, 2
 // threads 9.2 / 10.1 -> 10.0 / 11.1, 2 query rows 7.5 / 9.5 -> 8.4 / 10.3;
-// [B, H, L, d] about even).
-constexpr bool kInPlaceWholeRows = true;
+// [B, H, L, d] about even; 3 and 4 rows in forward.inl's AccTiles).
+constexpr int64_t kWholeRows = 4;
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
