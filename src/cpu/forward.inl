@@ -70,7 +70,9 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
 // most kInPlaceRows rows (decode), where P V reads contiguous V rows where
 // they lie. Decode at Lk = 128k, 8 heads, d = 128, 2 threads, K+V read per
 // second, staged -> in place: f32 18.0 -> 25.3 GB/s at 1 row, about even at
-// 2 and 3 rows, 17.7 -> 15.4 at 4 rows; bf16 11.5 -> 12.9 at 1 row.
+// 2 and 3 rows, 17.7 -> 15.4 at 4 rows; bf16 11.5 -> 12.9 at 1 row (AMX
+// host). Where the ISA sets kWholeRows (avx2), tiles of up to that many rows
+// read both K and V in place, whole rows at a time (below).
 constexpr int64_t kInPlaceRows = 2;
 
 // f(std::integral_constant<int, mq>) for 1 <= mq <= 4.
@@ -104,7 +106,7 @@ struct AccTiles {
   bool k_in_place = false;
   AccTiles(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-    v_in_place = std::is_same<Acc, float>::value && (mq <= kInPlaceRows || mq <= kWholeRows) && p.v.dim_stride == 1 &&
+    v_in_place = std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) && p.v.dim_stride == 1 &&
                  p.head_dim_v % kPad == 0;
 #endif
 #if FG_TRANSPOSE_REGS
