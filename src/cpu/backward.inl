@@ -207,10 +207,11 @@ void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ct
     for (int64_t jj = nj; jj < lds; ++jj) srow[jj] = neg_inf<Acc>();
     if (ctx.rng.active) {
       // dP of the dropped-out P is dP * z, z = keep / (1 - p); P stays undropped in dS.
+      // dV's P has the dropped zeroed, and dV takes 1 / (1 - p) when stored.
       ctx.rng.keep_row(qb.i0 + r, j0, nj, keep);
       keep_row(keep, nj, inv_keep, dprow);
       grad_row(srow, dprow, lds, qb.lse[r], qb.delta[r]);
-      keep_row(keep, nj, inv_keep, srow);
+      drop_row(keep, nj, srow);
     } else {
       grad_row(srow, dprow, lds, qb.lse[r], qb.delta[r]);
     }
@@ -343,7 +344,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
     store_result<T>(p.grad_dtype, dk + r * ldq, p.head_dim, p.dk.data, row_offset(p.dk, b, k0 + r, hk),
                     p.dk.dim_stride, dk_mul);
     store_result<T>(p.grad_dtype, dv + r * ldv, p.head_dim_v, p.dv.data, row_offset(p.dv, b, k0 + r, hk),
-                    p.dv.dim_stride, Acc(1));
+                    p.dv.dim_stride, dropout_scale<Acc>(p));
   }
 }
 

@@ -445,6 +445,14 @@ bool narrow_usable(const AttnParams& p, int64_t mq) {
 // else masks, and key indices stay exact in f32.
 inline bool ranges_exact(const AttnParams& p, int64_t lk) { return !p.mask.data && lk < (int64_t{1} << 24); }
 
+// Dropout's 1 / (1 - p) (1 without dropout). P's rows keep their values where
+// kept (drop_row), and this factor scales what they sum into, out and dV,
+// once per element instead of once per key, which rounded every kept P.
+template <typename Acc>
+Acc dropout_scale(const AttnParams& p) {
+  return p.dropout_p > 0 ? static_cast<Acc>(1.0 / (1.0 - p.dropout_p)) : Acc(1);
+}
+
 // lse is f32, or f64 alongside f64 storage.
 inline double lse_load(const AttnParams& p, int64_t off) {
   return p.lse_dtype == DType::f64 ? static_cast<const double*>(p.lse.data)[off]
@@ -481,10 +489,11 @@ template <typename T, typename Acc>
 void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, int64_t b, int64_t h, int64_t i,
                 int64_t split, Acc mx, Acc sum, const Acc* orow) {
   const int64_t dv = p.head_dim_v;
+  const Acc keep_scale = dropout_scale<Acc>(p);
   if (plan.splits > 1) {
     const int64_t row = ((split * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
     Acc* po = shared.at(plan.fwd.part_o) + row * dv;
-    for (int64_t c = 0; c < dv; ++c) po[c] = sum == Acc(0) ? Acc(0) : orow[c] / sum;
+    for (int64_t c = 0; c < dv; ++c) po[c] = sum == Acc(0) ? Acc(0) : orow[c] * keep_scale / sum;
     shared.at(plan.fwd.part_lse)[row] = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
     return;
   }
@@ -499,7 +508,7 @@ void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, in
     mx = mnew;
   }
   // sum == 0 only when no key is visible: out = 0, lse = -inf (or the sink).
-  const Acc mul = sum == Acc(0) ? Acc(0) : ores / sum;
+  const Acc mul = sum == Acc(0) ? Acc(0) : ores * keep_scale / sum;
   const Acc row_lse = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
   const int64_t q = p.q_start(b) + i;
   store_result<T>(p.out_dtype, orow, dv, p.out.data, row_offset(p.out, b, q, h), p.out.dim_stride, mul);

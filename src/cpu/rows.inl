@@ -111,3 +111,11 @@ template <typename Acc>
 inline void keep_row(const uint8_t* keep, int64_t n, Acc inv_keep, Acc* x) {
   for (int64_t j = 0; j < n; ++j) x[j] = keep[j] ? x[j] * inv_keep : Acc(0);
 }
+
+// x[j] = 0 where key j is dropped: dropout without its 1 / (1 - p), which the
+// caller applies once to the sums the row feeds (dropout_scale).
+template <typename Acc>
+inline void drop_row(const uint8_t* keep, int64_t n, Acc* x) {
+  for (int64_t j = 0; j < n; ++j)
+    if (!keep[j]) x[j] = Acc(0);
+}

@@ -113,10 +113,11 @@ struct HeadCtx {
     }
   }
 
-  // Multiplies row i's keys j0..j0+nj by keep / (1 - p), or leaves them if no dropout.
+  // Zeroes row i's dropped keys j0..j0+nj, or leaves the row if no dropout;
+  // the 1 / (1 - p) of the kept is the output's (dropout_scale).
   void dropout_row(int64_t i, int64_t j0, int64_t nj, uint8_t* keep, Acc* x) const {
     if (!rng.active) return;
     rng.keep_row(i, j0, nj, keep);
-    keep_row(keep, nj, static_cast<Acc>(1.0 / (1.0 - p->dropout_p)), x);
+    drop_row(keep, nj, x);
   }
 };
