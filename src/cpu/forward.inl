@@ -530,6 +530,11 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
   return stage;
 }
 
+// The rows of the tile after this one: n rows from seq0 of K/V head hk (n = 0: none).
+struct NextTile {
+  int64_t seq0, hk, n;
+};
+
 #if FG_VEC_GEMM
 // One narrow tile (see narrow_usable) of Nv vectors of query rows: S^T
 // [nj, W] into st, the softmax step on m, l and alpha ([W]), keys j0..
@@ -549,23 +554,36 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
 // 2 heads 10.0 -> 15.1, 4 heads 9.6 -> 13.4, 8 heads d = 64 9.3 -> 14.6,
 // 8 heads [b, h, s, d] 9.0 -> 15.5; with rows a page apart it cost: 8 heads
 // 16.7 -> 13.6, 16 heads d = 64 even). 16, 32 and 64 keys ahead measured
-// alike.
+// alike. Those were AVX-512 numbers; on AVX2 (kNarrowPrefetchNext) the
+// products ask for the next tile's rows instead, whatever the layout.
 constexpr int64_t kNarrowAheadKeys = 32;
 
-// The byte offset of the rows kNarrowAheadKeys ahead of rows read in place
-// (ld: their stride in elements of TA) when they lie closer than a page
-// apart and those rows are still keys of batch b; else 0.
+// The byte offset from rows of o read in place (ld: their stride in
+// elements of TA) to the rows the products ask L2 for: with
+// kNarrowPrefetchNext, the next tile's (none after the last); else the
+// rows kNarrowAheadKeys ahead when rows lie closer than a page apart and
+// those are still keys of batch b. 0: none.
 template <typename TA>
-int64_t narrow_ahead(const AttnParams& p, int64_t b, int64_t seq0, int64_t nj, bool in_place, int64_t ld) {
-  const int64_t row_bytes = ld * static_cast<int64_t>(sizeof(TA));
-  const bool near = in_place && row_bytes < 4096;
-  return near && seq0 + kNarrowAheadKeys + nj <= p.k_start(b) + p.len_k(b) ? kNarrowAheadKeys * row_bytes : 0;
+int64_t narrow_ahead(const AttnParams& p, const Operand& o, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+                     const NextTile& next, bool in_place, int64_t ld) {
+  if (!in_place) return 0;
+  if constexpr (kNarrowPrefetchNext) {
+    (void)p, (void)nj, (void)ld;
+    if (!next.n) return 0;
+    return (row_offset(o, b, next.seq0, next.hk) - row_offset(o, b, seq0, hk)) * static_cast<int64_t>(sizeof(TA));
+  } else {
+    (void)o, (void)hk, (void)next;
+    const int64_t row_bytes = ld * static_cast<int64_t>(sizeof(TA));
+    const bool near = row_bytes < 4096;
+    return near && seq0 + kNarrowAheadKeys + nj <= p.k_start(b) + p.len_k(b) ? kNarrowAheadKeys * row_bytes : 0;
+  }
 }
 
 // narrow_tile's products and softmax over K rows kr and V rows vr (ld:
 // their strides), of f32, or of bf16 read where they lie.
 template <int Nv, typename TK, typename TV>
-void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t nj, const TK* kr, int64_t kr_ld,
+void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
+                     const TK* kr, int64_t kr_ld,
                      bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place, const float* qt, float* st,
                      float* m, float* l, float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
@@ -573,8 +591,8 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t nj, c
   // accumulators and two steps of B spilled on AVX2.
   constexpr int Mr = kNarrowAcc / Nv, MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : 4;
   constexpr int MrV = std::is_same<TV, float>::value ? Mr : 4;
-  const int64_t k_ahead = narrow_ahead<TK>(p, b, seq0, nj, k_in_place, kr_ld);
-  const int64_t v_ahead = narrow_ahead<TV>(p, b, seq0, nj, v_in_place, vr_ld);
+  const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);
+  const int64_t v_ahead = narrow_ahead<TV>(p, p.v, b, seq0, hk, nj, next, v_in_place, vr_ld);
   if (k_ahead)
     gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W, nullptr, k_ahead);
   else
@@ -594,39 +612,40 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t nj, c
 // give the staged path's results bit for bit.
 template <typename T, int Nv>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                 const float* qt, float* vstage, float* kstage, float* st, float* m, float* l, float* alpha, float* ot,
+                 const NextTile& next, const float* qt, float* vstage, float* kstage, float* st, float* m, float* l, float* alpha, float* ot,
                  const float* lo, const float* hi, int64_t j0) {
 #if FG_BF16_PAIRS
   if constexpr (std::is_same<T, bf16_t>::value) {
     if (p.k.dim_stride == 1 && p.v.dim_stride == 1) {
       const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, seq0, hk);
       const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
-      return narrow_products<Nv>(p, b, seq0, nj, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, qt, st, m, l,
-                                 alpha, ot, lo, hi, j0);
+      return narrow_products<Nv>(p, b, seq0, hk, nj, next, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, qt,
+                                 st, m, l, alpha, ot, lo, hi, j0);
     }
   }
 #endif
   int64_t kr_ld = 0, vr_ld = 0;
   const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kstage, kr_ld);
   const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
-  narrow_products<Nv>(p, b, seq0, nj, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, qt, st, m, l, alpha, ot, lo,
-                      hi, j0);
+  narrow_products<Nv>(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, qt, st, m, l,
+                      alpha, ot, lo, hi, j0);
 }
 #endif
 
 // narrow_tile for a tile width of w (kLanes or 2 * kLanes) query rows.
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                 int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l, Acc* alpha, Acc* ot,
+                 const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l, Acc* alpha, Acc* ot,
                  const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     if (w == kLanes)
-      return narrow_tile<T, 1>(p, plan, b, seq0, hk, nj, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
-    return narrow_tile<T, 2>(p, plan, b, seq0, hk, nj, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+      return narrow_tile<T, 1>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+    return narrow_tile<T, 2>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
   }
 #endif
-  (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)w, (void)qt, (void)vstage, (void)kstage;
+  (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)next, (void)w, (void)qt, (void)vstage,
+  (void)kstage;
   (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)j0;
 }
 
@@ -655,11 +674,6 @@ struct TileCut {
     pv[bands] = mq;
     for (int64_t u = bands - 1; u >= 0; --u) pv[u] = std::min(col[u], pv[u + 1]);
   }
-};
-
-// The rows of the tile after this one: n rows from seq0 of K/V head hk (n = 0: none).
-struct NextTile {
-  int64_t seq0, hk, n;
 };
 
 // One tile, keys-major: S^T [nj, ms] (row stride mld) into st, the softmax step on m, l and
@@ -860,7 +874,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
         const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
         if (narrow) {
-          narrow_step<T>(p, plan, b, k0 + j0, hk, nj, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
+          narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
         } else {
           keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
                              j0, cut ? &tile_cut : nullptr, next);

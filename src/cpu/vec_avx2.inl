@@ -15,6 +15,17 @@ constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
 // threads 9.2 / 10.1 -> 10.0 / 11.1, 2 query rows 7.5 / 9.5 -> 8.4 / 10.3;
 // [B, H, L, d] about even; 3 and 4 rows in forward.inl's AccTiles).
 constexpr int64_t kWholeRows = 4;
+// Narrow tiles (forward.inl) ask L2 for the next tile's K and V rows, the
+// next K/V head's or the next keys', spread over the products' steps, for
+// rows in place in any layout. Zen 3, d = 128, 8 heads, 2 threads,
+// alternating calls, medians of K+V read per second, 32 keys ahead of rows
+// closer than a page and nothing for rows a page apart -> next tile: f32 Lq
+// = 16, Lk = 64k, [B, L, H, d] 7.5 / 6.4 -> 9.0 / 7.5 GB/s, Lq = 8 7.4 /
+// 6.8 -> 10.9 / 9.5, [B, H, L, d] 7.1 / 7.4 -> 8.0 / 7.8; bf16 Lq = 16
+// 5.5 / 4.2 -> 6.9 / 4.6, Lq = 8 (Lk = 4096) 5.1 / 3.9 -> 5.9 / 5.0. The
+// same rows asked for all at once before each tile measured even (3.3 ->
+// 3.5 GB/s, 1 thread): a burst stalls on its own misses.
+constexpr bool kNarrowPrefetchNext = true;
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
