@@ -400,8 +400,7 @@ constexpr int64_t kKeysMajorRows = 32;
 // 128k: 3 rows 20.2 / 19.6 against 25.1 / 17.4, 6 rows 19.8 / 18.5 against
 // 24.7 / 18.5, 8 rows 20.9 / 18.9 against 21.0 / 16.5, 12 rows 18.7 / 18.7
 // against 17.9 / 14.9, 16 rows 19.8 / 17.8 against 16.3 / 13.0), so fewer
-// rows keep the row path.
-constexpr int64_t kNarrowMinRows = 8;
+// rows keep the row path there (kNarrowMinRows, per ISA in vec_<isa>.inl).
 //
 // Narrow tiles step through the keys 16 at a time, every K/V head in turn,
 // so each 4 KiB page of a [batch, seq, heads, dim] K or V is read through

@@ -26,6 +26,16 @@ constexpr int64_t kWholeRows = 4;
 // same rows asked for all at once before each tile measured even (3.3 ->
 // 3.5 GB/s, 1 thread): a burst stalls on its own misses.
 constexpr bool kNarrowPrefetchNext = true;
+// With that prefetch, narrow tiles outrun the row path (whole rows at 3 and 4
+// stacked rows, staged at 5-7) from 3 rows on, with 8 lanes for 3-7 rows
+// (same host and setup, row path -> narrow, Lk = 64k: f32 3 rows 8.9 / 7.1
+// -> 11.0 / 8.8 GB/s, 4 rows 7.6 -> 9.9, 5 rows 6.3 -> 8.6, 6 rows 5.9 ->
+// 8.5, 7 rows 7.2 -> 12.1; bf16 3 rows 7.1 -> 7.9, 4 rows 6.7 -> 7.2, 6
+// rows 4.3 -> 6.5; Lk = 4096 f32 3 / 5 rows 6.4 / 4.9 -> 8.6 / 6.8, bf16
+// 6.5 / 3.6 -> 6.8 / 6.4). At 2 rows the whole-row products stay ahead in
+// bf16 (7.8 -> 6.5), at 1 in both (f32 12.0 -> 9.6). Scores with softcap,
+// ALiBi, bias or dropout keep the row path (and whole rows up to 4).
+constexpr int64_t kNarrowMinRows = 3;
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
