@@ -167,8 +167,9 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
       }
 }
 
-// Tiles of 32 or more stacked query rows, and narrow tiles of 8 to 31 (two
-// query heads per K/V head here: 80, 13 and 5 rows give 160, 26 and 10), that
+// Tiles of 32 or more stacked query rows, and narrow tiles (8 to 31 rows on
+// avx512, 3 to 16 on avx2; two query heads per K/V head here: 80, 13 and 5
+// rows give 160, 26 and 10), that
 // only the causal or window ranges cut take keys-major scores (forward.inl).
 // Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no power of two
 // make any difference between those scores and the backward's recomputed
