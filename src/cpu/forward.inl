@@ -582,9 +582,9 @@ int64_t narrow_ahead(const AttnParams& p, const Operand& o, int64_t b, int64_t s
 // their strides), of f32, or of bf16 read where they lie.
 template <int Nv, typename TK, typename TV>
 void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
-                     const TK* kr, int64_t kr_ld,
-                     bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place, const float* qt, float* st,
-                     float* m, float* l, float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
+                     const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
+                     const float* qt, float* st, float* m, float* l, float* alpha, float* ot, const float* lo,
+                     const float* hi, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
   // bf16 A takes 4-row blocks: a pair's word and halves beside 6 rows' 12
   // accumulators and two steps of B spilled on AVX2.
@@ -611,8 +611,8 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
 // give the staged path's results bit for bit.
 template <typename T, int Nv>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                 const NextTile& next, const float* qt, float* vstage, float* kstage, float* st, float* m, float* l, float* alpha, float* ot,
-                 const float* lo, const float* hi, int64_t j0) {
+                 const NextTile& next, const float* qt, float* vstage, float* kstage, float* st, float* m, float* l,
+                 float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
 #if FG_BF16_PAIRS
   if constexpr (std::is_same<T, bf16_t>::value) {
     if (p.k.dim_stride == 1 && p.v.dim_stride == 1) {
@@ -634,8 +634,8 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 // narrow_tile for a tile width of w (kLanes or 2 * kLanes) query rows.
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                 const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l, Acc* alpha, Acc* ot,
-                 const Acc* lo, const Acc* hi, int64_t j0) {
+                 const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l,
+                 Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     if (w == kLanes)
