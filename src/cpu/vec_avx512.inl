@@ -8,10 +8,10 @@ constexpr int64_t kLanes = 16;
 // products and ~5% on the backward's (flashgrad bench, d = 128, 1 thread).
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 4;
-// Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int64_t kWholeRows = 0;  // whole-row decode products (vec_avx2.inl): not measured here
 constexpr int64_t kNarrowMinRows = 8;  // narrow tiles from 8 stacked query rows (forward.inl)
 constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch (vec_avx2.inl): not measured here
+// Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
