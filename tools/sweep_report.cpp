@@ -397,8 +397,9 @@ std::string sweep_markdown(const Sweep& s) {
         "when a run is short; each run's rate is divided by its own SGEMM and the median taken. The other "
         "columns (times, peak memory) come from the first child, which runs no SGEMM.\n"
      << "- A peer is skipped at a length where its time (4x the previous length's) would pass the "
-     << format("%.0f", s.settings.budget_s) << " s budget, or its memory (extrapolated the same way) "
-        "would pass 80% of MemAvailable.\n"
+     << format("%.0f", s.settings.budget_s) << " s budget, or would leave less of it than flashgrad's predicted "
+        "time at the next length, or where its memory (extrapolated the same way) would pass 80% of "
+        "MemAvailable.\n"
      << "- The machine's rates come from `flashgrad roofline` in a child (OpenBLAS core chosen from the CPU's "
         "features when a VM hides the model); medians of 3-10 calls after a warm-up.\n";
   return md.str();
