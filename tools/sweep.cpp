@@ -307,6 +307,7 @@ Timing run_impl(const Sweep& s, const std::string& impl, const Config& c, bool p
 struct Last {
   int64_t seqlen = 0;
   double wall_s = 0;
+  double prev_wall_s = 0;  // at the length before (0: none)
   int64_t peak_bytes = 0;
   std::string stopped;  // non-empty: no longer run, and why
 };
@@ -322,11 +323,19 @@ struct Grid {
     return static_cast<double>(seqlen * seqlen) / static_cast<double>(l.seqlen * l.seqlen);
   }
 
-  // flashgrad's predicted time at seqlen, every configuration it still runs.
-  double flash_wall_at(int64_t seqlen) const {
+  // flashgrad's predicted time at twice its last length, every configuration
+  // it still runs; 0 before it has run two lengths. Its children's fixed
+  // costs (start-up, the paired SGEMMs, a minimum time per pass) outweigh
+  // the L^2 part at short lengths, so each configuration grows as it did
+  // over its last doubling (1x to 4x) instead of as L^2, which had predicted
+  // 394 s for L = 2048, whose whole grid then took 85 s.
+  double flash_wall_next() const {
     double wall = 0;
-    for (const auto& [key, l] : last)
-      if (key.rfind("flashgrad", 0) == 0 && l.stopped.empty() && l.seqlen > 0) wall += l.wall_s * growth(l, seqlen);
+    for (const auto& [key, l] : last) {
+      if (key.rfind("flashgrad", 0) != 0 || !l.stopped.empty() || l.seqlen == 0) continue;
+      if (l.prev_wall_s <= 0) return 0;
+      wall += l.wall_s * std::clamp(l.wall_s / l.prev_wall_s, 1.0, 4.0);
+    }
     return wall;
   }
 
@@ -341,7 +350,7 @@ struct Grid {
     if (!l.stopped.empty()) return l.stopped;
     if (l.seqlen == 0) return "";
     const int64_t next = 2 * c.seqlen;
-    double kept = impl != "flashgrad" && next <= s.settings.max_seqlen ? flash_wall_at(next) : 0;
+    double kept = impl != "flashgrad" && next <= s.settings.max_seqlen ? flash_wall_next() : 0;
     if (elapsed(s) + kept > s.settings.budget_s) kept = 0;
     const double wall = l.wall_s * growth(l, c.seqlen);
     const double peak =
@@ -366,6 +375,7 @@ struct Grid {
       l.stopped = "skipped after it " + t.note + " at L=" + std::to_string(c.seqlen);
       return;
     }
+    l.prev_wall_s = l.seqlen ? l.wall_s : 0;
     l.seqlen = c.seqlen;
     l.wall_s = t.wall_s;
     l.peak_bytes = t.peak_bytes;
