@@ -326,15 +326,18 @@ struct Grid {
   // flashgrad's predicted time at twice its last length, every configuration
   // it still runs; 0 before it has run two lengths. Its children's fixed
   // costs (start-up, the paired SGEMMs, a minimum time per pass) outweigh
-  // the L^2 part at short lengths, so each configuration grows as it did
-  // over its last doubling (1x to 4x) instead of as L^2, which had predicted
-  // 394 s for L = 2048, whose whole grid then took 85 s.
+  // the L^2 part at short lengths: L^2 alone had predicted 394 s for
+  // L = 2048, whose whole grid then took 85 s, and the last doubling's
+  // ratio 66 s for L = 4096, where its 8 configurations had taken about
+  // 130 s in an earlier run (AVX2 host). So each configuration's
+  // time is fitted as a + b L^2 to its last two lengths: w(2L) = w(L) +
+  // 4 (w(L) - w(L / 2)), kept within 1x to 4x of w(L).
   double flash_wall_next() const {
     double wall = 0;
     for (const auto& [key, l] : last) {
       if (key.rfind("flashgrad", 0) != 0 || !l.stopped.empty() || l.seqlen == 0) continue;
       if (l.prev_wall_s <= 0) return 0;
-      wall += l.wall_s * std::clamp(l.wall_s / l.prev_wall_s, 1.0, 4.0);
+      wall += std::clamp(l.wall_s + 4 * (l.wall_s - l.prev_wall_s), l.wall_s, 4 * l.wall_s);
     }
     return wall;
   }
