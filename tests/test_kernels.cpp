@@ -158,6 +158,12 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
         c.head_dim_v = 32;
         c.name = "decode_in_place_" + dtype_label(t) + "_g" + std::to_string(group) + "_lk" + std::to_string(lk);
         expect_pass(c);
+        // A head's rows contiguous: its K/V heads one after another, and
+        // the whole-row products' prefetch (forward.inl, heads_outer).
+        c.layout = Layout::bhsd;
+        c.name += "_bhsd";
+        expect_pass(c);
+        c.layout = Layout::bshd;
         c.causal = true;
         c.sinks = true;
         c.dropout_p = 0.1;

@@ -101,6 +101,8 @@ struct AccTiles {
   // 3 and 4 rows, K and V whole against staged: f32 8.7 / 8.2 -> 9.7 / 9.3
   // and 8.7 / 7.3 -> 9.9 / 8.4, bf16 5.7 / 4.6 -> 6.2 / 4.9 and 5.3 / 4.9 ->
   // 5.4 / 5.2).
+  const char* k_pf_end = nullptr;  // set_ahead
+  const char* v_pf_end = nullptr;
   const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
   int64_t k_ld = 0, k_n = 0;
   bool k_in_place = false;
@@ -136,13 +138,26 @@ struct AccTiles {
     v_rows = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
     v_ld = p.v.seq_stride;
   }
+  // Rows read in place and contiguous in memory ([batch, heads, seq, dim]):
+  // the whole-row products read 8 of them side by side, 32 bytes of each at
+  // a time, which reads a page at 6.2-7.3 GB/s from DRAM on one thread
+  // against 10.9 in memory order (a reading test over [1M, 128] f32 rows);
+  // asking L2 for the rows two 8-row blocks ahead, in memory order, as they
+  // go took it to 9.5-9.7. Up to n rows from this tile's first (keys of
+  // the same head that exist); none where rows have gaps between them.
+  void set_ahead(const AttnParams& p, int64_t n) {
+    const bool k_dense = k_in_place && p.k.seq_stride == p.head_dim;
+    const bool v_dense = v_in_place && p.v.seq_stride == p.head_dim_v;
+    k_pf_end = k_dense ? reinterpret_cast<const char*>(k_rows + n * k_ld) : nullptr;
+    v_pf_end = v_dense ? reinterpret_cast<const char*>(v_rows + n * v_ld) : nullptr;
+  }
   // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
   void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) const {
 #if FG_TRANSPOSE_REGS
     if constexpr (std::is_same<Acc, float>::value) {
       if (k_in_place) {
         return with_rows(mq, [&](auto m) {
-          scores_rows_whole<decltype(m)::value>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad);
+          scores_rows_whole<decltype(m)::value>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad, k_pf_end);
         });
       }
     }
@@ -156,7 +171,8 @@ struct AccTiles {
     if constexpr (std::is_same<Acc, float>::value) {
       if (v_in_place && mq <= kWholeRows)
         return with_rows(mq, [&](auto m) {
-          gemm_rows_whole<decltype(m)::value>(plan.dv_pad, nj, s, plan.bk_pad, v_rows, v_ld, pv, o, plan.dv_pad, alpha);
+          gemm_rows_whole<decltype(m)::value>(plan.dv_pad, nj, s, plan.bk_pad, v_rows, v_ld, pv, o, plan.dv_pad, alpha,
+                                              v_pf_end);
         });
       if (v_in_place)
         return gemm_f32<kGemmMr, kGemmVecs, Epi::add_rows>(mq, plan.dv_pad, nj, s, plan.bk_pad, 1, v_rows, v_ld, o,
@@ -443,6 +459,22 @@ bool narrow_usable(const AttnParams& p, int64_t mq) {
 // Whether keys-major tiles may take the causal and window cuts: nothing
 // else masks, and key indices stay exact in f32.
 inline bool ranges_exact(const AttnParams& p, int64_t lk) { return !p.mask.data && lk < (int64_t{1} << 24); }
+
+// Whether a task walks its K/V heads one after another, each through all
+// its keys, instead of every head at each key tile: where a head's K and V
+// rows are contiguous ([batch, heads, seq, dim]), their reads then stay one
+// stream each, which the whole-row products' prefetch (AccTiles::set_ahead)
+// follows across tiles. Results are the same either way. Decode, d = 128,
+// 8 heads, Lk = 64k, alternating calls, medians, K+V GB/s, neither ->
+// both: f32 1 row 4.1 -> 4.7 (1 thread), 8.2 -> 10.9 (2 threads); 2 rows
+// 4.0 -> 7.1, 5.9 -> 8.7; bf16 1 row 2.5 -> 5.0, 5.9 -> 11.8; f32 Lk = 4096
+// 7.4 -> 8.9; narrow tiles (16 rows) 8.4 -> 8.6. The order alone measured
+// even (f32 1 row 7.3 -> 7.2); with the prefetch it added 6.3 -> 7.4 and
+// 10.6 -> 12.5.
+inline bool heads_outer(const AttnParams& p, int64_t nh) {
+  return nh > 1 && p.k.dim_stride == 1 && p.v.dim_stride == 1 && p.k.seq_stride == p.head_dim &&
+         p.v.seq_stride == p.head_dim_v;
+}
 
 // Dropout's 1 / (1 - p) (1 without dropout). P's rows keep their values where
 // kept (drop_row), and this factor scales what they sum into, out and dV,
@@ -848,67 +880,94 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     return !p.mask.data && lo_max <= j0 && hi_min >= j0 + nj - 1;
   };
   const int64_t bk = narrow ? std::min(kNarrowKeys, plan.block_k) : plan.block_k;
-  for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
-    const int64_t nj = std::min(bk, k_hi - j0);
-    const TileKind kind = every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
-    if (kind == TileKind::skip) continue;
+  const auto tile_kind = [&](int64_t j0, int64_t nj) {
+    return every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
+  };
+  // The tile of keys j0.. (nj of them) of K/V head hk0 + x.
+  const auto head_tile = [&](int64_t j0, int64_t nj, int64_t x, TileKind kind, const TileCut& tile_cut,
+                             const NextTile& next) {
     const bool cut = kind == TileKind::partial;
+    const int64_t hk = hk0 + x;
+    Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
+    if constexpr (kAmxTiles<Tiles>) {
+      if (amx_narrow) {
+        const auto* qtv = reinterpret_cast<const uint32_t*>(qt) + x * (plan.dqk_pad / 2) * amx_w;
+        // P^T's and P's pairs ([bk_pad / 2, <= 32] words each) in kt's space.
+        tiles.narrow(p, plan, b, k0 + j0, hk, nj, amx_w, qtv, stage, s, mx_, lx, ax, ox, v, kt,
+                     kt + 16 * plan.bk_pad, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
+        return;
+      }
+    }
+    if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
+      const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
+      if (narrow) {
+        narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
+      } else {
+        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
+                           j0, cut ? &tile_cut : nullptr, next);
+      }
+      return;
+    }
+    tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
+    if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, k_hi - j0);
+    // The next tile's rows (nn of them, 0: none), a share per score row below.
+    const int64_t nn = prefetch ? next.n : 0;
+    tiles.qk(plan, mq, d, qx, kt, scale, s);
+    for (int64_t r = 0; r < mq; ++r) {
+      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
+      const int64_t i = i0 + r % mqh;
+      Acc* srow = s + r * lds;
+      // A row of a tile the ranges cut sees no key past hi[r]: its passes
+      // stop at the kPad block that holds it, and its P is 0 beyond.
+      const int64_t wr =
+          kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
+      const int64_t nr = std::min(nj, wr);
+      c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+      for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
+      const Acc mx = row_max(srow, wr, mx_[r]);
+      // A row with no visible key so far keeps max -inf; subtracting 0 then
+      // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
+      const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
+      ax[r] = exp_acc(mx_[r] - mref);
+      lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+      for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
+      mx_[r] = mx;
+      c.dropout_row(i, j0, nj, keep, srow);
+      const int64_t f0 = r * nn / mq, f1 = (r + 1) * nn / mq;
+      prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
+      prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
+    }
+    tiles.pv(plan, mq, nj, s, v, ax, ox, pv);
+  };
+  const auto tile_cut_of = [&](int64_t j0, int64_t nj, TileKind kind) {
     TileCut tile_cut;
-    if (cut && keys_major_ranged && !narrow) tile_cut.set(lo, hi, mq, j0, nj);
-    for (int64_t x = 0; x < nh; ++x) {
-      const int64_t hk = hk0 + x;
-      Acc *qx = q + x * mq * ldq, *ox = o + x * ms * ldv, *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
-      if constexpr (kAmxTiles<Tiles>) {
-        if (amx_narrow) {
-          const auto* qtv = reinterpret_cast<const uint32_t*>(qt) + x * (plan.dqk_pad / 2) * amx_w;
-          // P^T's and P's pairs ([bk_pad / 2, <= 32] words each) in kt's space.
-          tiles.narrow(p, plan, b, k0 + j0, hk, nj, amx_w, qtv, stage, s, mx_, lx, ax, ox, v, kt,
-                       kt + 16 * plan.bk_pad, cut ? lo_f : nullptr, cut ? hi_f : nullptr, j0);
-          continue;
-        }
+    if (kind == TileKind::partial && keys_major_ranged && !narrow) tile_cut.set(lo, hi, mq, j0, nj);
+    return tile_cut;
+  };
+  const auto n_at = [&](int64_t j) { return j < k_hi ? std::min(bk, k_hi - j) : int64_t{0}; };
+  if (heads_outer(p, nh)) {
+    for (int64_t x = 0; x < nh; ++x)
+      for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
+        const int64_t nj = n_at(j0);
+        const TileKind kind = tile_kind(j0, nj);
+        if (kind == TileKind::skip) continue;
+        // The tile after this one: the next keys', or the next K/V head's first.
+        const bool last = j0 + bk >= k_hi;
+        const int64_t jn = last ? k_lo : j0 + bk;
+        const NextTile next{k0 + jn, hk0 + x + (last ? 1 : 0), last && x + 1 == nh ? 0 : n_at(jn)};
+        head_tile(j0, nj, x, kind, tile_cut_of(j0, nj, kind), next);
       }
-      // The tile after this one: the next K/V head's, or the next keys'.
-      const int64_t jn = x + 1 < nh ? j0 : j0 + bk;
-      const NextTile next{k0 + jn, x + 1 < nh ? hk + 1 : hk0, jn < k_hi ? std::min(bk, k_hi - jn) : 0};
-      if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
-        const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
-        if (narrow) {
-          narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
-        } else {
-          keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
-                             j0, cut ? &tile_cut : nullptr, next);
-        }
-        continue;
+  } else {
+    for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
+      const int64_t nj = n_at(j0);
+      const TileKind kind = tile_kind(j0, nj);
+      if (kind == TileKind::skip) continue;
+      const TileCut tile_cut = tile_cut_of(j0, nj, kind);
+      for (int64_t x = 0; x < nh; ++x) {
+        // The tile after this one: the next K/V head's, or the next keys'.
+        const int64_t jn = x + 1 < nh ? j0 : j0 + bk;
+        head_tile(j0, nj, x, kind, tile_cut, NextTile{k0 + jn, x + 1 < nh ? hk0 + x + 1 : hk0, n_at(jn)});
       }
-      tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
-      // The next tile's rows (nn of them, 0: none), a share per score row below.
-      const int64_t nn = prefetch ? next.n : 0;
-      tiles.qk(plan, mq, d, qx, kt, scale, s);
-      for (int64_t r = 0; r < mq; ++r) {
-        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
-        const int64_t i = i0 + r % mqh;
-        Acc* srow = s + r * lds;
-        // A row of a tile the ranges cut sees no key past hi[r]: its passes
-        // stop at the kPad block that holds it, and its P is 0 beyond.
-        const int64_t wr =
-            kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
-        const int64_t nr = std::min(nj, wr);
-        c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-        for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
-        const Acc mx = row_max(srow, wr, mx_[r]);
-        // A row with no visible key so far keeps max -inf; subtracting 0 then
-        // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
-        const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
-        ax[r] = exp_acc(mx_[r] - mref);
-        lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
-        for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
-        mx_[r] = mx;
-        c.dropout_row(i, j0, nj, keep, srow);
-        const int64_t f0 = r * nn / mq, f1 = (r + 1) * nn / mq;
-        prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
-        prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
-      }
-      tiles.pv(plan, mq, nj, s, v, ax, ox, pv);
     }
   }
   for (int64_t x = 0; x < nh; ++x) {

@@ -425,11 +425,15 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
 // kLanes rows of K at a time, each read whole, transposed in registers, so
 // no K^T tile is stored. Each score is the FMA chain over d in order that
 // gemm_nn(Q, K^T) computes. Columns nj .. round_up(nj, kLanes) get
-// duplicates of the last row's score.
+// duplicates of the last row's score. pf_end (K's rows contiguous, ldk =
+// d): L2 is asked for the rows two blocks ahead, in memory order, as each
+// block is read, below pf_end.
 template <int M, typename TK>
 inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq, const TK* k, int64_t ldk,
-                              float* s, int64_t lds) {
+                              float* s, int64_t lds, const char* pf_end = nullptr) {
+  const int64_t pf_lines = pf_end ? ceil_div(kLanes * d * static_cast<int64_t>(sizeof(TK)), 64 * (d / kLanes)) : 0;
   for (int64_t j = 0; j < nj; j += kLanes) {
+    const char* pf = reinterpret_cast<const char*>(k + (j + 2 * kLanes) * ldk);
     const TK* kr[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) kr[i] = k + std::min(j + i, nj - 1) * ldk;
     VecF acc[M];
@@ -439,6 +443,8 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
       VecF r[kLanes];
 #pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i) r[i] = vload_as(kr[i] + c);
+      for (int64_t t = 0; t < pf_lines; ++t, pf += 64)
+        if (pf < pf_end) prefetch_l2(pf);
       transpose_regs(r);
 #pragma GCC unroll 16
       for (int i = 0; i < kLanes; ++i)
@@ -456,13 +462,16 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 // read whole, their sums kept in acc ([M, n]) between groups. Every C
 // element gets the same FMAs in the same order as from gemm_f32's add_rows,
 // whose passes over n read one vector block of every B row in turn.
+// pf_end: as in scores_rows_whole, B's rows contiguous (ldb = n).
 template <int M, typename TB>
 inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, const TB* b, int64_t ldb,
-                            float* acc, float* c, int64_t ldc, const float* rs) {
+                            float* acc, float* c, int64_t ldc, const float* rs, const char* pf_end = nullptr) {
   constexpr int G = M == 1 ? 8 : M == 2 ? 4 : 2;
+  const int64_t pf_lines = pf_end ? ceil_div(G * n * static_cast<int64_t>(sizeof(TB)), 64 * (n / kLanes)) : 0;
   for (int64_t x = 0; x < M * n; x += kLanes) vstore(acc + x, vzero());
   const auto group = [&](int64_t j, auto gs) {
     constexpr int Gs = decltype(gs)::value;
+    const char* pf = reinterpret_cast<const char*>(b + (j + 2 * G) * ldb);
     VecF pb[M][Gs];
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r)
@@ -480,6 +489,8 @@ inline void gemm_rows_whole(int64_t n, int64_t k, const float* a, int64_t a_rs, 
       }
 #pragma GCC unroll 4
       for (int r = 0; r < M; ++r) vstore(acc + r * n + x, sum[r]);
+      for (int64_t t = 0; t < pf_lines; ++t, pf += 64)
+        if (pf < pf_end) prefetch_l2(pf);
     }
   };
   int64_t j = 0;
