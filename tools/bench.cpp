@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "case_flags.hpp"
 #include "check.hpp"
 #include "cli.hpp"
 #include "harness.hpp"
@@ -23,37 +24,6 @@ struct Timing {
   double min_s() const { return *std::min_element(seconds.begin(), seconds.end()); }
   double gflops() const { return flops / median_s() / 1e9; }
 };
-
-DType parse_dtype(const std::string& name) {
-  if (name == "f64") return DType::f64;
-  if (name == "bf16") return DType::bf16;
-  if (name == "f16") return DType::f16;
-  return DType::f32;
-}
-
-Case case_from_flags(Args& args) {
-  Case c;
-  c.name = "bench";
-  c.batch = args.integer("--batch", 1, 1);
-  const int64_t seqlen = args.integer("--seqlen", 1024, 1);
-  c.seqlen_q = args.integer("--seqlen-q", seqlen, 1);
-  c.seqlen_k = args.integer("--seqlen-k", seqlen, 1);
-  c.heads_q = args.integer("--heads-q", 8, 1);
-  c.heads_kv = args.integer("--heads-kv", c.heads_q, 1);
-  if (c.heads_q % c.heads_kv != 0)
-    args.fail("--heads-kv", "a divisor of --heads-q (" + std::to_string(c.heads_q) + ")",
-              std::to_string(c.heads_kv));
-  c.head_dim = args.integer("--head-dim", 64, 1, 512);
-  c.head_dim_v = args.integer("--head-dim-v", c.head_dim, 1, 512);
-  c.dtype = parse_dtype(args.choice("--dtype", "f32", {"f32", "f64", "bf16", "f16"}));
-  c.causal = args.has("--causal");
-  if (const auto w = args.integer_pair("--window", -1)) {
-    c.window_left = w->first;
-    c.window_right = w->second;
-  }
-  c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
-  return c;
-}
 
 std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64_t repeats) {
   testing::Outputs o = testing::make_outputs(p, false);

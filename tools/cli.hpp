@@ -84,6 +84,7 @@ class Json {
 };
 
 // The subcommands. Each returns the process exit status.
+int run_ab(Args& args);
 int run_check(Args& args);
 int run_bench(Args& args);
 int run_info(Args& args);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "case_flags.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"
 #include "flashgrad/flashgrad.hpp"
@@ -15,6 +16,8 @@ const char* const kOverview =
     "usage: flashgrad <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  ab       time two builds of the library in turns in one process, on one\n"
+    "           configuration, and compare their outputs bit for bit\n"
     "  check    compare the kernels with the fp64 reference on the edge cases\n"
     "           and on random cases; exits 1 if any case fails\n"
     "  bench    check, then time forward and backward for one configuration;\n"
@@ -29,7 +32,24 @@ const char* const kOverview =
     "`flashgrad <command> --help` lists the flags of a command.\n"
     "FLASHGRAD_ISA=scalar|avx2|avx512 forces a SIMD path.\n";
 
-const std::map<std::string, const char*> kUsage = {
+const std::map<std::string, std::string> kUsage = {
+    {"ab",
+     std::string("usage: flashgrad ab --lib-a A.so --lib-b B.so [flags]\n"
+                 "  Loads two builds of libflashgrad (for example before and after a change)\n"
+                 "  into this process, checks each against the fp64 reference on a small copy\n"
+                 "  of the configuration, then times the pass with each, alternating A B B A,\n"
+                 "  so that a machine whose speed drifts slows both alike. Prints each build's\n"
+                 "  median, the median and quartiles of the per-pair ratio A's time / B's time\n"
+                 "  (above 1: B is faster) and whether the two builds' outputs are bitwise\n"
+                 "  identical. The same file twice loads B from a temporary copy: its ratios\n"
+                 "  show this machine's noise. FLASHGRAD_ISA applies to both.\n"
+                 "  --lib-a PATH, --lib-b PATH   the two shared libraries (required)\n"
+                 "  --pass P             forward, backward or forward+backward (default forward)\n"
+                 "  --pairs N            timed calls of each build (default 20)\n"
+                 "  --warmup N           untimed calls of each first (default 1)\n"
+                 "  --expect-identical   exit 1 if the outputs differ in any bit\n"
+                 "  --json               print one JSON object instead of the text\n") +
+         kCaseFlagsUsage},
     {"check",
      "usage: flashgrad check [--random N] [--seed S] [--quick] [--threads T]\n"
      "  --random N   also run N random cases, seeds S .. S+N-1 (default 0)\n"
@@ -37,18 +57,7 @@ const std::map<std::string, const char*> kUsage = {
      "  --quick      forward only: skip the backward pass and its gradients\n"
      "  --threads T  threads for the kernels (default: all cores)\n"},
     {"bench",
-     "usage: flashgrad bench [flags]\n"
-     "  --batch B            (default 1)\n"
-     "  --seqlen L           sets --seqlen-q and --seqlen-k (default 1024)\n"
-     "  --seqlen-q L, --seqlen-k L\n"
-     "  --heads-q H          (default 8)\n"
-     "  --heads-kv H         (default: --heads-q)\n"
-     "  --head-dim D         (default 64)\n"
-     "  --head-dim-v D       (default: --head-dim)\n"
-     "  --dtype T            f32, f64, bf16 or f16 (default f32)\n"
-     "  --causal\n"
-     "  --window L,R         sliding window; -1 is unbounded\n"
-     "  --threads T          (default: all cores)\n"
+     std::string("usage: flashgrad bench [flags]\n") + kCaseFlagsUsage +
      "  --repeats N          timed calls per pass; the median is reported (default 5)\n"
      "  --warmup N           untimed calls first (default 1)\n"
      "  --json               print one JSON object instead of the table\n"
@@ -110,6 +119,7 @@ std::vector<std::string> isa_names() {
 }
 
 int dispatch(const std::string& command, Args& args) {
+  if (command == "ab") return run_ab(args);
   if (command == "check") return run_check(args);
   if (command == "bench") return run_bench(args);
   if (command == "info") return run_info(args);
@@ -117,7 +127,7 @@ int dispatch(const std::string& command, Args& args) {
   if (command == "measure") return run_measure(args);
   if (command == "roofline") return run_roofline(args);
   throw UsageError("flashgrad: unknown command '" + command +
-                   "'; expected check, bench, demo, info, measure or roofline");
+                   "'; expected ab, check, bench, demo, info, measure or roofline");
 }
 
 }  // namespace
@@ -148,13 +158,13 @@ int main(int argc, char** argv) {
   Args args(command, std::vector<std::string>(argv + 2, argv + argc));
   const auto usage = kUsage.find(command);
   if (usage != kUsage.end() && args.wants_help()) {
-    std::fputs(usage->second, stdout);
+    std::fputs(usage->second.c_str(), stdout);
     return 0;
   }
   try {
     return dispatch(command, args);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s\n\n%s", e.what(), usage != kUsage.end() ? usage->second : kOverview);
+    std::fprintf(stderr, "%s\n\n%s", e.what(), usage != kUsage.end() ? usage->second.c_str() : kOverview);
     return 2;
   } catch (const flashgrad::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // the library's messages name their function
