@@ -18,7 +18,7 @@ torch.set_num_threads(2)
 
 def attention_math(q, k, v, *, compute=torch.float64, round_to=None, scale=None, causal=False,
                    window=(-1, -1), softcap=0.0, alibi=None, bias=None, mask=None, sinks=None,
-                   keep=None, dropout_p=0.0, parts=None):
+                   keep=None, dropout_p=0.0, parts=None, reverse=False):
     """Materialized attention on (batch, seqlen, heads, dim) tensors: returns (out, lse).
 
     compute: the dtype the math runs in. round_to: a low precision that every intermediate
@@ -27,6 +27,9 @@ def attention_math(q, k, v, *, compute=torch.float64, round_to=None, scale=None,
     Causal/window are aligned bottom-right; keep is a (B, H, Lq, Lk) dropout keep mask.
     parts: a dict that receives, detached, p (B, H, Lq, Lk, before dropout), z (the dropout
     factor), cap (d softcap / d score), scale and k, v repeated to q's heads.
+    reverse: the same math with every sum in the opposite order (queries, keys and both head
+    dims flipped going in, the results flipped back), as the C++ harness's storage_reversed
+    reference: a path's error depends on its summation order, so the rule takes the worse.
     """
     def rnd(x):
         return x if round_to is None else x.to(round_to).to(compute)
@@ -34,14 +37,19 @@ def attention_math(q, k, v, *, compute=torch.float64, round_to=None, scale=None,
     q, k, v = (x.to(compute) for x in (q, k, v))
     batch, seqlen_q, heads, dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    i = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q  # query i's key position
+    j = torch.arange(seqlen_k)[None, :]
+    if reverse:
+        assert parts is None
+        q, k, v = q.flip(1, 3), k.flip(1, 3), v.flip(1, 3)
+        i, j = i.flip(0), j.flip(1)
+        bias, mask, keep = (None if t is None else t.flip(-2, -1) for t in (bias, mask, keep))
     k = k.repeat_interleave(heads // heads_kv, dim=2)
     v = v.repeat_interleave(heads // heads_kv, dim=2)
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     s = s0 = rnd(torch.einsum("bihd,bjhd->bhij", q, k) * scale)
     if softcap > 0:
         s = rnd(softcap * torch.tanh(s / softcap))
-    i = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q  # query i's key position
-    j = torch.arange(seqlen_k)[None, :]
     if alibi is not None:
         slopes = alibi.to(compute).reshape(-1, heads, 1, 1)
         s = s - slopes * (i - j).abs().to(compute)
@@ -77,6 +85,8 @@ def attention_math(q, k, v, *, compute=torch.float64, round_to=None, scale=None,
         p = p * keep.to(compute) / (1.0 - dropout_p)
     out = rnd(torch.einsum("bhij,bjhd->bihd", p, v))
     lse = (torch.log(denom) + m).squeeze(-1)
+    if reverse:
+        out, lse = out.flip(1, 3), lse.flip(-1)
     return out, lse
 
 
@@ -120,8 +130,10 @@ def cancellation_noise(q, dout, out64, parts: dict, dtype, bias_shape=None) -> d
 
 def assert_rule(name: str, got, path, ref64, dtype, extra_noise: float = 0.0):
     """flash-attn's rule: err(flashgrad) <= 2 * err(math path in the same precision) + noise,
-    both errors measured against the float64 reference."""
-    err, path_err = max_err(got, ref64), max_err(path, ref64)
+    both errors measured against the float64 reference. path: one math path's result, or a
+    tuple of them (summation orders), whose largest error counts."""
+    paths = path if isinstance(path, tuple) else (path,)
+    err, path_err = max_err(got, ref64), max(max_err(p, ref64) for p in paths)
     bound = 2 * path_err + noise(ref64, dtype) + extra_noise
     assert err <= bound, (f"{name}: max error {err:.3e} > 2 * math-path error {path_err:.3e} + noise "
                           f"{noise(ref64, dtype):.3e} + {extra_noise:.3e}")

@@ -58,16 +58,17 @@ def leaves(q, k, v, extra):
     return out
 
 
-def run_math(q, k, v, dout, extra, kw, keep, compute, round_to, parts=None):
-    """Math path on detached copies of the leaves: returns (out, {name: grad}); parts as in
-    attention_math."""
+def run_math(q, k, v, dout, extra, kw, keep, compute, round_to, parts=None, reverse=False):
+    """Math path on detached copies of the leaves: returns (out, {name: grad}); parts and
+    reverse as in attention_math."""
     ls = [(n, t.detach().to(compute).requires_grad_()) for n, t in leaves(q, k, v, extra)]
     d = dict(ls)
     out, _ = attention_math(d["dq"], d["dk"], d["dv"], compute=compute, round_to=round_to,
                             causal=kw.get("causal", False), window=kw.get("window_size", (-1, -1)),
                             softcap=kw.get("softcap", 0.0), alibi=extra.get("alibi_slopes"),
                             bias=d.get("dbias"), mask=extra.get("attn_mask"), sinks=d.get("dsinks"),
-                            keep=keep, dropout_p=kw.get("dropout_p", 0.0), parts=parts)
+                            keep=keep, dropout_p=kw.get("dropout_p", 0.0), parts=parts,
+                            reverse=reverse)
     out.backward(dout.to(compute))
     return out.detach(), {n: t.grad for n, t in ls}
 
@@ -88,15 +89,29 @@ def test_flash_attn_func_rule(name, dtype):
     parts = {}
     ref_out, ref_g = run_math(q, k, v, dout, extra, kw, keep, torch.float64, None, parts)
     round_to = None if dtype == torch.float32 else dtype
-    path_out, path_g = run_math(q, k, v, dout, extra, kw, keep, torch.float32, round_to)
-    assert_rule("out", out, path_out, ref_out, dtype)
+    paths = [run_math(q, k, v, dout, extra, kw, keep, torch.float32, round_to, reverse=r) for r in (False, True)]
+    assert_rule("out", out, tuple(o for o, _ in paths), ref_out, dtype)
     bias = extra.get("attn_bias")
     cancel = cancellation_noise(q, dout, ref_out, parts, dtype, None if bias is None else bias.shape)
     for n, leaf in leaves(q, k, v, extra):
         extra_noise = sinks_noise(q, k, v, dout, extra, kw, ref_out, dtype) if n == "dsinks" else 0.0
         extra_noise = max(extra_noise, cancel.get(n, 0.0))
         # dsinks and float32 bias gradients are float32 values: their rounding noise is float32's.
-        assert_rule(n, leaf.grad, path_g[n], ref_g[n], leaf.dtype, extra_noise)
+        assert_rule(n, leaf.grad, tuple(g[n] for _, g in paths), ref_g[n], leaf.dtype, extra_noise)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_reversed_math_path_is_the_same_math(name):
+    """The reversed summation order changes rounding only: in float64 both orders agree."""
+    case = CASES[name]
+    q, k, v, dout, extra = make(case, torch.float32)
+    kw = {key: case[key] for key in ("causal", "window_size", "softcap", "dropout_p") if key in case}
+    keep = torch.rand(B, H, q.shape[1], k.shape[1]) > kw["dropout_p"] if kw.get("dropout_p") else None
+    (out, g), (rout, rg) = (run_math(q, k, v, dout, extra, kw, keep, torch.float64, None, reverse=r)
+                            for r in (False, True))
+    torch.testing.assert_close(rout, out, rtol=0, atol=1e-12)
+    for n in g:
+        torch.testing.assert_close(rg[n], g[n], rtol=0, atol=1e-12)
 
 
 def sinks_noise(q, k, v, dout, extra, kw, ref_out, dtype) -> float:
