@@ -8,6 +8,10 @@
 // (but for tasks that take AccTiles' narrow tiles), AmxTiles for bf16 on
 // AMX-BF16 (with narrow tiles of its own).
 
+// The smallest page size: the hardware prefetchers stop at its boundaries,
+// so rows this far apart each start a stream of their own.
+constexpr int64_t kPageBytes = 4096;
+
 template <typename Acc>
 struct Slice {
   Acc* base;
@@ -605,7 +609,7 @@ int64_t narrow_ahead(const AttnParams& p, const Operand& o, int64_t b, int64_t s
   } else {
     (void)o, (void)hk, (void)next;
     const int64_t row_bytes = ld * static_cast<int64_t>(sizeof(TA));
-    const bool near = row_bytes < 4096;
+    const bool near = row_bytes < kPageBytes;
     return near && seq0 + kNarrowAheadKeys + nj <= p.k_start(b) + p.len_k(b) ? kNarrowAheadKeys * row_bytes : 0;
   }
 }
@@ -743,7 +747,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // those stay in place).
     int64_t kr_ld = plan.dqk_pad;
     const float* kr = stage;
-    if (p.k.seq_stride * static_cast<int64_t>(sizeof(T)) >= 4096)
+    if (p.k.seq_stride * static_cast<int64_t>(sizeof(T)) >= kPageBytes)
       load_tile<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage);
     else
       kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, stage, kr_ld);
