@@ -1,5 +1,5 @@
 // The tile routines of src/cpu/ (the tile product, the softmax rows, the
-// register-block transpose) for each ISA, behind function pointers, so that
+// softcap, the register-block transpose) for each ISA, behind function pointers, so that
 // the micro-benchmarks (micro.cpp) and `flashgrad bench --sweep` can time each
 // ISA's copy on its own. Each tile_ops_<isa>.cpp compiles the same sources the
 // kernels use (vec_<isa>.inl, vec.inl, rows.inl) with that ISA's target.
@@ -32,6 +32,8 @@ struct TileOps {
   float (*row_max)(const float* s, int64_t n, float init);
   // p = exp(s - lse) into s, dS = p * (dp - delta) into dp.
   void (*grad_row)(float* s, float* dp, int64_t n, float lse, float delta);
+  // s[j] = softcap * tanh(s[j] / softcap) and t[j] = the tanh, for j < n (any n).
+  void (*softcap_row)(float* s, int64_t n, float softcap, float* t);
   // dst [cols, rows] (row stride ldd) = transpose of src [rows, cols] (row stride lds);
   // rows and cols multiples of 16.
   void (*transpose)(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);

@@ -25,6 +25,7 @@ void gemm_fn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int6
 float exp_fn(float* s, int64_t n, float m) { return exp_row(s, n, m); }
 float max_fn(const float* s, int64_t n, float init) { return row_max(s, n, init); }
 void grad_fn(float* s, float* dp, int64_t n, float lse, float delta) { grad_row(s, dp, n, lse, delta); }
+void softcap_fn(float* s, int64_t n, float softcap, float* t) { softcap_row(s, n, softcap, t); }
 void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
   transpose(rows, cols, src, lds, dst, ldd);
 }
@@ -32,5 +33,5 @@ void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, flo
 }  // namespace
 
 extern const TileOps table;
-const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,   kBlockRows, kBlockCols, gemm_fn,
-                       block_fn,    exp_fn,      max_fn,   grad_fn,    transpose_fn};
+const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,  kBlockRows, kBlockCols, gemm_fn,   block_fn,
+                       exp_fn,      max_fn,      grad_fn, softcap_fn, transpose_fn};

@@ -150,6 +150,7 @@ struct Runner {
     const Case& c = p.c;
     prm.softmax_scale = c.softmax_scale;
     prm.causal = c.causal;
+    prm.softcap = c.softcap;
     prm.window_left = c.window_left;
     prm.window_right = c.window_right;
     prm.num_threads = c.num_threads;

@@ -31,6 +31,7 @@ const char* const kCaseFlagsUsage =
     "  --dtype T            f32, f64, bf16 or f16 (default f32)\n"
     "  --causal\n"
     "  --window L,R         sliding window; -1 is unbounded\n"
+    "  --softcap C          logits capped as C tanh(S / C) (default 0: off)\n"
     "  --layout X           bshd ([batch, seq, heads, dim], default), bhsd (the same\n"
     "                       shape with each head's rows contiguous) or padded (rows\n"
     "                       padded, head_dim strided by 2)\n"
@@ -56,6 +57,7 @@ testing::Case case_from_flags(Args& args) {
     c.window_left = w->first;
     c.window_right = w->second;
   }
+  c.softcap = args.real("--softcap", 0.0, 0.0);
   c.layout = parse_layout(args.choice("--layout", "bshd", {"bshd", "bhsd", "padded"}));
   c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
   return c;

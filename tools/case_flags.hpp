@@ -7,7 +7,8 @@
 namespace flashgrad::tools {
 
 // --batch, --seqlen, --seqlen-q, --seqlen-k, --heads-q, --heads-kv,
-// --head-dim, --head-dim-v, --dtype, --causal, --window, --layout, --threads.
+// --head-dim, --head-dim-v, --dtype, --causal, --window, --softcap, --layout,
+// --threads.
 testing::Case case_from_flags(Args& args);
 
 // The flags' lines of a usage text.

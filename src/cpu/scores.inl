@@ -76,14 +76,7 @@ struct HeadCtx {
   // tanh_out (if non-null) receives tanh(s / softcap) for the backward.
   void logits_row(int64_t i, int64_t j0, int64_t nj, int64_t lo, int64_t hi, bool partial,
                   Acc* s, Acc* tanh_out) const {
-    if (softcap > 0) {
-      const Acc inv = Acc(1) / softcap;
-      for (int64_t jj = 0; jj < nj; ++jj) {
-        const Acc t = std::tanh(s[jj] * inv);
-        if (tanh_out) tanh_out[jj] = t;
-        s[jj] = softcap * t;
-      }
-    }
+    if (softcap > 0) softcap_row(s, nj, softcap, tanh_out);
     if (slope != 0) {
       const int64_t ip = i + shift;
       for (int64_t jj = 0; jj < nj; ++jj) {

@@ -126,6 +126,27 @@ inline float exp_f32(float x) {
 #if FG_SCALAR_VEXP
 inline VecF vexp(VecF x) { return exp_f32(x); }
 #endif
+
+// tanh(s * inv) rounded to f32 (exp_poly.hpp): the vector layers' vtanh lane
+// by lane, the same operations in the same order. NaN propagates.
+inline float tanh_f32(float s, double inv) {
+  const double a = std::fmin(std::fabs(static_cast<double>(s) * inv), kTanhClamp) * 2.0;
+  const double n = std::nearbyint(a * kTanhLog2e);
+  double r = std::fma(-n, kTanhLn2Hi, a);
+  r = std::fma(-n, kTanhLn2Lo, r);
+  double p = kTanhPoly[0];
+  for (int i = 1; i < kTanhPolyTerms; ++i) p = std::fma(p, r, kTanhPoly[i]);
+  p = p * r;
+  const uint64_t bits = static_cast<uint64_t>(static_cast<int64_t>(n) + 1023) << 52;
+  double scale;
+  std::memcpy(&scale, &bits, 8);
+  const double e = std::fma(scale, p, scale - 1.0);
+  const float t = static_cast<float>(e / (e + 2.0));
+  return s != s ? s : std::copysign(t, s);
+}
+#if FG_SCALAR_VEXP
+inline VecF vtanh(VecF s, double inv) { return tanh_f32(s, inv); }
+#endif
 inline double exp_acc(double x) { return std::exp(x); }
 inline float exp_acc(float x) { return exp_f32(x); }
 

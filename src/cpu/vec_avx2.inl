@@ -84,6 +84,9 @@ inline VecF vexp(VecF x) {
   return _mm256_blendv_ps(vmul(p, _mm256_castsi256_ps(bits)), vzero(), below);
 }
 
+#include "tanh_f64x4.inl"
+inline VecF vtanh(VecF s, double inv) { return tanh_f32x8(s, inv); }
+
 // 8 lanes of f32, bf16 or f16 bits (exact) as f32.
 inline VecF vload_as(const float* p) { return vload(p); }
 inline VecF vload_bf16(const uint16_t* p) {

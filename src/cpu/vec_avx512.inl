@@ -51,6 +51,13 @@ inline VecF vexp(VecF x) {
   return _mm512_maskz_scalef_ps(keep, p, nf);
 }
 
+// tanh_f32 (vec.inl) lane-wise, on each 256-bit half with the AVX2 form.
+#include "tanh_f64x4.inl"
+inline VecF vtanh(VecF s, double inv) {
+  const __m256 lo = tanh_f32x8(_mm512_castps512_ps256(s), inv), hi = tanh_f32x8(_mm512_extractf32x8_ps(s, 1), inv);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
 // 16 lanes of f32, bf16 or f16 bits (exact) as f32.
 inline VecF vload_as(const float* p) { return vload(p); }
 inline VecF vload_bf16(const uint16_t* p) {
