@@ -397,8 +397,8 @@ template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
-// Keys-major score tiles: tiles without mask, bias, softcap, ALiBi or
-// dropout (full, or cut only by the causal and window ranges) of query tiles
+// Keys-major score tiles: tiles without mask, bias, ALiBi or dropout
+// (full, or cut only by the causal and window ranges; softcapped or not) of query tiles
 // with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
@@ -440,7 +440,8 @@ inline bool plain_scores(const AttnParams& p) {
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
 #if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && plain_scores(p);
+  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && !p.alibi &&
+         !p.bias.data && p.dropout_p == 0;
 #else
   (void)p;
   return false;
@@ -453,7 +454,8 @@ bool keys_major_usable(const AttnParams& p, int64_t mq) {
 template <typename T, typename Acc, typename Tiles>
 bool narrow_usable(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
+  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && plain_scores(p) &&
+         keys_major_tiles<T, Acc, Tiles>(p);
 #else
   (void)p, (void)mq;
   return false;
@@ -758,6 +760,19 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // the softmax then skips its pass over S^T for the max (f32, L = 2048,
     // 1 thread, both builds at once: d = 64 125.8 -> 127.5, d = 128 133.7 ->
     // 135.8 GFLOP/s).
+    // A softcap caps S^T's rows where they lie (softcap_row: the same bits
+    // as the row path's logits_row, so the backward's recomputed scores);
+    // the softmax then finds the new maxima itself.
+    const float cap = static_cast<float>(p.softcap);
+    if (!cut && cap > 0) {
+      gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
+      for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
+      ahead(p.k, p.head_dim);
+      softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
+      ahead(p.v, p.head_dim_v);
+      gemm_nn_acc(mq, dv, nj, st, 1, mld, v, dv, o, dv, alpha, nullptr);
+      return;
+    }
     if (!cut) {
       for (int64_t r = 0; r < ms; ++r) alpha[r] = m[r];
       gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, alpha);
@@ -771,6 +786,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
       const int64_t a = u * kPad, c = cut->col[u];
       gemm_nn(std::min(kPad, nj - a), ms - c, p.head_dim, kr + a * kr_ld, kr_ld, 1, qt + c, mld, st + a * mld + c,
               mld);
+      if (cap > 0)
+        for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + c, ms - c, cap, nullptr);
     }
     ahead(p.k, p.head_dim);
     const int64_t c0 = cut->pv[0];
