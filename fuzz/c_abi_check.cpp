@@ -14,18 +14,7 @@ using testing::Outputs;
 using testing::Problem;
 using testing::Report;
 using testing::TensorError;
-
-DLDataType dl_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return {kDLFloat, 32, 1};
-    case DType::f64: return {kDLFloat, 64, 1};
-    case DType::bf16: return {kDLBfloat, 16, 1};
-    case DType::f16: return {kDLFloat, 16, 1};
-    case DType::u8: return {kDLUInt, 8, 1};
-    case DType::i32: return {kDLInt, 32, 1};
-  }
-  return {kDLFloat, 32, 1};
-}
+using testing::dl_dtype;
 
 bool is_compact(const TensorView& v) {
   int64_t st = 1;

@@ -29,7 +29,6 @@ struct DL {
   int64_t numel() const;
 };
 
-DLDataType dl_dtype(DType t);
 bool is_compact(const TensorView& v);
 
 // An output buffer laid out like `like` (same shape and strides) inside

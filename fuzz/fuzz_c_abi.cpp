@@ -254,7 +254,7 @@ std::string corrupt(Call& call, bool bwd, Corruption kind, Reader& r, bool& expe
           if (d != a->want && !(f32_ok && d == DType::f32)) wrong.push_back(d);
         t = wrong[r.byte() % wrong.size()];
       }
-      a->dl->t.dtype = dl_dtype(t);
+      a->dl->t.dtype = testing::dl_dtype(t);
       a->dl->t.byte_offset = 0;  // keep only the dtype wrong
       return named(*a);
     }

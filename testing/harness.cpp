@@ -319,6 +319,29 @@ std::vector<double> dense(const Buffer& b) {
   return out;
 }
 
+DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return {kDLFloat, 32, 1};
+    case DType::f64: return {kDLFloat, 64, 1};
+    case DType::bf16: return {kDLBfloat, 16, 1};
+    case DType::f16: return {kDLFloat, 16, 1};
+    case DType::u8: return {kDLUInt, 8, 1};
+    case DType::i32: return {kDLInt, 32, 1};
+  }
+  return {kDLFloat, 32, 1};
+}
+
+DLTensor dl_view(const TensorView& v) {
+  DLTensor t{};
+  t.data = v.data;
+  t.device = {kDLCPU, 0};
+  t.ndim = v.ndim;
+  t.dtype = dl_dtype(v.dtype);
+  t.shape = const_cast<int64_t*>(v.shape);
+  t.strides = const_cast<int64_t*>(v.strides);
+  return t;
+}
+
 Buffer contiguous(DType t, const std::vector<int64_t>& dims) {
   Buffer b;
   int64_t n = 1;

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <dlpack/dlpack.h>
+
 #include "flashgrad/flashgrad.hpp"
 #include "reference.hpp"
 
@@ -82,6 +84,11 @@ void run_reference(const Problem& p, Outputs& o, reference::Precision prec, bool
 // n floats drawn uniformly from [-1, 1) by mt19937(seed): operands for the
 // benchmarks' bare tile products and GEMMs.
 std::vector<float> uniform_floats(size_t n, uint32_t seed);
+
+// DLPack's type for a dtype, and a DLTensor over a view's memory for the C
+// ABI (its shape and strides point into v, which must outlive it).
+DLDataType dl_dtype(DType t);
+DLTensor dl_view(const TensorView& v);
 
 // A zeroed compact tensor (storage for at least one element).
 Buffer contiguous(DType t, const std::vector<int64_t>& dims);

@@ -29,6 +29,7 @@ using testing::Buffer;
 using testing::Case;
 using testing::Outputs;
 using testing::Problem;
+constexpr auto dl = testing::dl_view;
 
 using ForwardFn = fg_status (*)(const fg_params*, const DLTensor*, const DLTensor*, const DLTensor*, DLTensor*,
                                 DLTensor*);
@@ -112,31 +113,6 @@ std::vector<Build> load_builds(const std::string& path_a, const std::string& pat
   return builds;
 }
 
-DLDataType dl_dtype(DType t) {
-  switch (t) {
-    case DType::f64:
-      return {kDLFloat, 64, 1};
-    case DType::bf16:
-      return {kDLBfloat, 16, 1};
-    case DType::f16:
-      return {kDLFloat, 16, 1};
-    default:
-      return {kDLFloat, 32, 1};
-  }
-}
-
-// A DLTensor over a harness buffer's view (shape and strides point into it).
-DLTensor dl(const Buffer& b) {
-  DLTensor t{};
-  t.data = b.view.data;
-  t.device = {kDLCPU, 0};
-  t.ndim = b.view.ndim;
-  t.dtype = dl_dtype(b.view.dtype);
-  t.shape = const_cast<int64_t*>(b.view.shape);
-  t.strides = const_cast<int64_t*>(b.view.strides);
-  return t;
-}
-
 enum class Pass { forward, backward, both };
 
 struct Runner {
@@ -160,13 +136,14 @@ struct Runner {
       throw std::runtime_error(build.label + " (" + build.path + "): " + what + ": " + build.last_error());
   }
   void forward() {
-    const DLTensor q = dl(p.q), k = dl(p.k), v = dl(p.v);
-    DLTensor out = dl(o.out), lse = dl(o.lse);
+    const DLTensor q = dl(p.q.view), k = dl(p.k.view), v = dl(p.v.view);
+    DLTensor out = dl(o.out.view), lse = dl(o.lse.view);
     ok(build.forward(&prm, &q, &k, &v, &out, &lse), "fg_forward");
   }
   void backward() {
-    const DLTensor q = dl(p.q), k = dl(p.k), v = dl(p.v), out = dl(o.out), lse = dl(o.lse), dout = dl(p.dout);
-    DLTensor dq = dl(o.dq), dk = dl(o.dk), dv = dl(o.dv);
+    const DLTensor q = dl(p.q.view), k = dl(p.k.view), v = dl(p.v.view), out = dl(o.out.view),
+                   lse = dl(o.lse.view), dout = dl(p.dout.view);
+    DLTensor dq = dl(o.dq.view), dk = dl(o.dk.view), dv = dl(o.dv.view);
     ok(build.backward(&prm, &q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, nullptr), "fg_backward");
   }
   void run(Pass pass) {
