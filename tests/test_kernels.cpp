@@ -117,6 +117,11 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
     c.head_dim_v = 8;
     c.name = "split_keys_" + std::to_string(lq);
     expect_pass(c);
+    c.softcap = 2.5;
+    c.input_scale = 3.0;
+    expect_pass(c);
+    c.softcap = 0.0;
+    c.input_scale = 1.0;
     c.causal = true;
     c.sinks = true;
     c.window_left = 2000;  // the first split sees no key
@@ -199,6 +204,11 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       expect_pass(c);
       c.causal = true;
       expect_pass(c);
+      // Capped logits of the same order (tanh near 0.8 at the largest): the
+      // capped scores too must be the backward's bit for bit.
+      c.softcap = 2e4;
+      expect_pass(c);
+      c.softcap = 0.0;
       c.causal = false;
       c.window_left = 37;
       c.window_right = 5;

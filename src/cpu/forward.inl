@@ -454,8 +454,7 @@ bool keys_major_usable(const AttnParams& p, int64_t mq) {
 template <typename T, typename Acc, typename Tiles>
 bool narrow_usable(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && plain_scores(p) &&
-         keys_major_tiles<T, Acc, Tiles>(p);
+  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
 #else
   (void)p, (void)mq;
   return false;
@@ -574,7 +573,8 @@ struct NextTile {
 
 #if FG_VEC_GEMM
 // One narrow tile (see narrow_usable) of Nv vectors of query rows: S^T
-// [nj, W] into st, the softmax step on m, l and alpha ([W]), keys j0..
+// [nj, W] into st (capped where a softcap is set, as keys_major_tile caps
+// its rows), the softmax step on m, l and alpha ([W]), keys j0..
 // outside [lo, hi] masked (lo null: a full tile), and ot [dv, W] = ot * alpha
 // + V^T P^T. The S^T blocks take 8 key rows: each row is a pointer of its
 // own, and 16 of them spilled to vector registers (decode, Lk = 128k:
@@ -634,6 +634,7 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
     gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W, nullptr, k_ahead);
   else
     gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W);
+  if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
   softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, W, alpha, v_ahead);
