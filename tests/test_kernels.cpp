@@ -179,8 +179,8 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
 }
 
 // Tiles of 32 or more stacked query rows, and narrow tiles (8 to 31 rows on
-// avx512, 3 to 16 on avx2; two query heads per K/V head here: 80, 13 and 5
-// rows give 160, 26 and 10), that
+// avx512, 3 to 32 on avx2, one to four vectors wide; two query heads per K/V
+// head here: 80, 13, 11 and 5 rows give 160, 26, 22 and 10), that
 // only the causal or window ranges cut take keys-major scores (forward.inl).
 // Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no power of two
 // make any difference between those scores and the backward's recomputed
@@ -193,7 +193,8 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
 TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
   for (DType t : {DType::f32, DType::bf16})
     for (auto [lq, d] : {std::pair{int64_t{80}, int64_t{64}}, std::pair{int64_t{80}, int64_t{40}},
-                         std::pair{int64_t{13}, int64_t{64}}, std::pair{int64_t{5}, int64_t{40}}}) {
+                         std::pair{int64_t{13}, int64_t{64}}, std::pair{int64_t{11}, int64_t{40}},
+                         std::pair{int64_t{5}, int64_t{40}}}) {
       Case c = base(t);
       c.seqlen_q = lq;
       c.seqlen_k = 150;

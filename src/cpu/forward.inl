@@ -408,9 +408,9 @@ constexpr bool kAmxTiles<AmxTiles> = true;
 // The other tiles take the row path.
 constexpr int64_t kKeysMajorRows = 32;
 
-// Narrow tiles: query tiles of kNarrowMinRows <= mq <= 2 * kLanes rows
+// Narrow tiles: query tiles of kNarrowMinRows <= mq <= kNarrowMaxRows rows
 // (short queries beside long keys) run keys-major through both products,
-// with the query rows across the lanes of one or two vectors (width W):
+// with the query rows across the lanes of one to four vectors (width W):
 //   S^T [nj, W]  = K (scale Q)^T   K's elements broadcast where they lie
 //   O^T [dv, W]  = O^T * alpha + V^T P^T   V's elements broadcast where they lie
 // so neither K nor V is transposed or copied, and alpha scales O^T's columns.
@@ -421,6 +421,15 @@ constexpr int64_t kKeysMajorRows = 32;
 // 24.7 / 18.5, 8 rows 20.9 / 18.9 against 21.0 / 16.5, 12 rows 18.7 / 18.7
 // against 17.9 / 14.9, 16 rows 19.8 / 17.8 against 16.3 / 13.0), so fewer
 // rows keep the row path there (kNarrowMinRows, per ISA in vec_<isa>.inl).
+// On AVX2 they run to 32 rows, three and four vectors wide, where 17-31
+// rows took the row path and 32 the keys-major tiles, which copy 64-key K
+// and V tiles for so few rows (f32, d = 128, 8 heads, 2 threads, `flashgrad
+// ab`, 9 pairs, medians of the pair ratios, Lk = 16k: 20 rows 1.51x, 24
+// rows 1.52x (bf16 1.41x), 32 rows 1.38x (bf16 1.09x; causal 1.30x; 1
+// thread 1.27x; [B, H, L, d] 1.17x); 32 query heads over 4 K/V heads, Lq
+// = 4, Lk = 32k 1.21x; 32 rows, d = 64, Lk = 4096 1.26x; from cache
+// about even: 32 rows, Lk = 1024 0.99x, Lk = 512 0.97x; 24 rows, Lk = 512
+// 1.05x).
 //
 // Narrow tiles step through the keys 16 at a time, every K/V head in turn,
 // so each 4 KiB page of a [batch, seq, heads, dim] K or V is read through
@@ -454,7 +463,7 @@ bool keys_major_usable(const AttnParams& p, int64_t mq) {
 template <typename T, typename Acc, typename Tiles>
 bool narrow_usable(const AttnParams& p, int64_t mq) {
 #if FG_VEC_GEMM
-  return mq >= kNarrowMinRows && mq <= 2 * kLanes && mq < kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
+  return mq >= kNarrowMinRows && mq <= kNarrowMaxRows && keys_major_tiles<T, Acc, Tiles>(p);
 #else
   (void)p, (void)mq;
   return false;
@@ -624,10 +633,12 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
                      const float* qt, float* st, float* m, float* l, float* alpha, float* ot, const float* lo,
                      const float* hi, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
-  // bf16 A takes 4-row blocks: a pair's word and halves beside 6 rows' 12
-  // accumulators and two steps of B spilled on AVX2.
-  constexpr int Mr = kNarrowAcc / Nv, MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : 4;
-  constexpr int MrV = std::is_same<TV, float>::value ? Mr : 4;
+  // bf16 A takes blocks of 8 accumulators (4 rows, or 2 from three
+  // vectors on): a pair's word and halves beside 6 rows' 12 accumulators and
+  // two steps of B spilled on AVX2.
+  constexpr int Mr = kNarrowAcc / Nv, MrBf16 = Nv <= 2 ? 4 : (Nv == 3 ? 3 : 2);
+  constexpr int MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : MrBf16;
+  constexpr int MrV = std::is_same<TV, float>::value ? Mr : MrBf16;
   const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);
   const int64_t v_ahead = narrow_ahead<TV>(p, p.v, b, seq0, hk, nj, next, v_in_place, vr_ld);
   if (k_ahead)
@@ -670,16 +681,27 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 }
 #endif
 
-// narrow_tile for a tile width of w (kLanes or 2 * kLanes) query rows.
+// narrow_tile for a tile width of w (kLanes to kNarrowMaxRows rounded up to kLanes) query rows.
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l,
                  Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
-    if (w == kLanes)
-      return narrow_tile<T, 1>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
-    return narrow_tile<T, 2>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+    const auto tile = [&](auto nv) {
+      narrow_tile<T, decltype(nv)::value>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot,
+                                          lo, hi, j0);
+    };
+    constexpr int64_t kMaxVecs = (kNarrowMaxRows + kLanes - 1) / kLanes;
+    static_assert(kMaxVecs <= 4, "narrow tiles are one to four vectors wide");
+    switch (w / kLanes) {
+      case 1: return tile(std::integral_constant<int, 1>{});
+      case 2: return tile(std::integral_constant<int, 2>{});
+      case 3: if constexpr (kMaxVecs >= 3) return tile(std::integral_constant<int, 3>{}); break;
+      case 4: if constexpr (kMaxVecs >= 4) return tile(std::integral_constant<int, 4>{}); break;
+    }
+    FG_DASSERT(false);
+    return;
   }
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)next, (void)w, (void)qt, (void)vstage,

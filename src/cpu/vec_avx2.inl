@@ -37,7 +37,8 @@ constexpr bool kNarrowPrefetchNext = true;
 // bias or dropout keep the row path (and whole rows up to 4); softcapped
 // ones take the narrow tiles too (forward.inl, narrow_products).
 constexpr int64_t kNarrowMinRows = 3;
-constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): one- or two-vector blocks
+constexpr int64_t kNarrowMaxRows = 32;
+constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
