@@ -225,6 +225,40 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
     }
 }
 
+// Narrow tiles of more than 32 stacked rows on avx2 run in chunks of 32
+// query rows over each K/V tile, for tasks that walk 2048 keys or more
+// (forward.inl, narrow_chunks): 20 and 45 rows over two query heads per K/V
+// head give 40 (32 + 8) and 90 (32 + 32 + 26). Logits near 1e4 as above,
+// so any difference between a chunk's scores and the backward's shows.
+TEST_F(Kernels, NarrowChunksMatchTheBackwardsRecompute) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (int64_t lq : {20, 45}) {
+      Case c = base(t);
+      c.batch = 1;
+      c.seqlen_q = lq;
+      c.seqlen_k = 2048 + 37;
+      c.head_dim = 40;
+      c.input_scale = 100.0;
+      c.softmax_scale = 0.3;
+      c.name = "narrow_chunks_" + dtype_label(t) + "_lq" + std::to_string(lq);
+      expect_pass(c);
+      c.causal = true;
+      c.softcap = 2e4;
+      expect_pass(c);
+      c.causal = false;
+      c.softcap = 0.0;
+      c.window_left = 1000;
+      c.window_right = 3;
+      expect_pass(c);
+      // Logits of order 1 and rows that see 21 keys each: a chunk's rows
+      // masked with another chunk's ranges would show.
+      c.window_left = 20;
+      c.window_right = 0;
+      c.input_scale = 1.0;
+      expect_pass(c);
+    }
+}
+
 TEST_F(Kernels, FeaturesAlonePerDtype) {
   for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     std::vector<Case> cs;

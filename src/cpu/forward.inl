@@ -429,7 +429,13 @@ constexpr int64_t kKeysMajorRows = 32;
 // thread 1.27x; [B, H, L, d] 1.17x); 32 query heads over 4 K/V heads, Lq
 // = 4, Lk = 32k 1.21x; 32 rows, d = 64, Lk = 4096 1.26x; from cache
 // about even: 32 rows, Lk = 1024 0.99x, Lk = 512 0.97x; 24 rows, Lk = 512
-// 1.05x).
+// 1.05x). Beyond 32 rows they run in chunks of 32 (narrow_chunks) up to
+// kNarrowMaxRows, each chunk through both products over the same K and V
+// rows, where the keys-major tiles copied 64-key tiles (f32, Lk = 16k,
+// same setup: 48 rows 1.26-1.33x, 64 rows 1.13x (causal 1.14x), 80 rows
+// 1.14x, 96 rows 1.05-1.06x, 128 rows even; d = 64: 48 rows 1.32x, 64
+// rows 1.26x, 96 rows 1.05x; Lk = 2048, d = 64: 48 rows 1.22x, 64 rows
+// 1.14x).
 //
 // Narrow tiles step through the keys 16 at a time, every K/V head in turn,
 // so each 4 KiB page of a [batch, seq, heads, dim] K or V is read through
@@ -460,12 +466,20 @@ template <typename T, typename Acc, typename Tiles>
 bool keys_major_usable(const AttnParams& p, int64_t mq) {
   return mq >= kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
 }
+// Narrow tiles in more than one chunk (mq > kNarrowWidth) only for a task
+// that walks kNarrowChunkedMinKeys keys or more, where K and V come from
+// memory: from cache the keys-major tiles' products run faster (f32, d =
+// 64, 64 rows, Lk = 1024, 8 heads, 2 threads: chunks 0.89x).
+constexpr int64_t kNarrowChunkedMinKeys = 2048;
+
+// keys: how many keys the task walks.
 template <typename T, typename Acc, typename Tiles>
-bool narrow_usable(const AttnParams& p, int64_t mq) {
+bool narrow_usable(const AttnParams& p, int64_t mq, int64_t keys) {
 #if FG_VEC_GEMM
-  return mq >= kNarrowMinRows && mq <= kNarrowMaxRows && keys_major_tiles<T, Acc, Tiles>(p);
+  return mq >= kNarrowMinRows && mq <= kNarrowMaxRows && (mq <= kNarrowWidth || keys >= kNarrowChunkedMinKeys) &&
+         keys_major_tiles<T, Acc, Tiles>(p);
 #else
-  (void)p, (void)mq;
+  (void)p, (void)mq, (void)keys;
   return false;
 #endif
 }
@@ -625,14 +639,17 @@ int64_t narrow_ahead(const AttnParams& p, const Operand& o, int64_t b, int64_t s
   }
 }
 
-// narrow_tile's products and softmax over K rows kr and V rows vr (ld:
-// their strides), of f32, or of bf16 read where they lie.
-template <int Nv, typename TK, typename TV>
+// narrow_tile's products and softmax for one chunk of W query rows (columns
+// of qt and ot, whose rows are ld apart, or W without chunks) over K rows kr
+// and V rows vr (kr_ld, vr_ld: their strides), of f32, or of bf16 read where
+// they lie.
+template <int Nv, bool Chunked, typename TK, typename TV>
 void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
                      const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
-                     const float* qt, float* st, float* m, float* l, float* alpha, float* ot, const float* lo,
-                     const float* hi, int64_t j0) {
+                     const float* qt, int64_t chunked_ld, float* st, float* m, float* l, float* alpha, float* ot,
+                     const float* lo, const float* hi, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
+  const int64_t ld = Chunked ? chunked_ld : W;
   // bf16 A takes blocks of 8 accumulators (4 rows, or 2 from three
   // vectors on): a pair's word and halves beside 6 rows' 12 accumulators and
   // two steps of B spilled on AVX2.
@@ -642,15 +659,51 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
   const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);
   const int64_t v_ahead = narrow_ahead<TV>(p, p.v, b, seq0, hk, nj, next, v_in_place, vr_ld);
   if (k_ahead)
-    gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W, nullptr, k_ahead);
+    gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W, nullptr, k_ahead);
   else
-    gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, W, st, W);
+    gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W);
   if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
   softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
   if (v_ahead)
-    gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, W, alpha, v_ahead);
+    gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
   else
-    gemm_f32<MrV, Nv, Epi::add_cols>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, W, alpha);
+    gemm_f32<MrV, Nv, Epi::add_cols>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha);
+}
+
+// A narrow tile of w query rows in chunks of kNarrowWidth (the last one
+// kLanes to kNarrowWidth wide), each through both products over the same
+// K and V rows, which the later chunks find in L1 or L2; the first asks for
+// the next tile's rows.
+template <typename TK, typename TV>
+void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
+                   const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
+                   int64_t w, const float* qt, float* st, float* m, float* l, float* alpha, float* ot,
+                   const float* lo, const float* hi, int64_t j0) {
+  constexpr int64_t kMaxVecs = kNarrowWidth / kLanes;
+  static_assert(kMaxVecs >= 1 && kMaxVecs <= 4, "narrow tiles are one to four vectors wide");
+  for (int64_t c = 0; c < w; c += kNarrowWidth) {
+    const NextTile nx = c == 0 ? next : NextTile{0, 0, 0};
+    // A single chunk's W as a constant: with w in a register, Lq = 16 and 32
+    // ran 1-4% slower.
+    const auto chunk = [&](auto nv) {
+      const auto run = [&](auto chunked) {
+        narrow_products<decltype(nv)::value, decltype(chunked)::value>(
+            p, b, seq0, hk, nj, nx, kr, kr_ld, k_in_place, vr, vr_ld, v_in_place, qt + c, w, st, m + c, l + c,
+            alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, j0);
+      };
+      if (w > kNarrowWidth)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
+    };
+    switch (std::min(kNarrowWidth, w - c) / kLanes) {
+      case 1: chunk(std::integral_constant<int, 1>{}); break;
+      case 2: if constexpr (kMaxVecs >= 2) chunk(std::integral_constant<int, 2>{}); break;
+      case 3: if constexpr (kMaxVecs >= 3) chunk(std::integral_constant<int, 3>{}); break;
+      case 4: if constexpr (kMaxVecs >= 4) chunk(std::integral_constant<int, 4>{}); break;
+      default: FG_DASSERT(false);
+    }
+  }
 }
 
 // bf16 K and V rows with unit dim stride are read where they lie where the
@@ -659,50 +712,36 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
 // alternating runs, K+V read per second: Lq = 16 3.3 / 3.8 / 3.8 -> 4.5 /
 // 4.6 / 5.0 GB/s, Lq = 8 4.2 / 4.0 / 4.0 -> 5.4 / 5.6 / 6.0). The products
 // give the staged path's results bit for bit.
-template <typename T, int Nv>
+template <typename T>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
-                 const NextTile& next, const float* qt, float* vstage, float* kstage, float* st, float* m, float* l,
-                 float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
+                 const NextTile& next, int64_t w, const float* qt, float* vstage, float* kstage, float* st, float* m,
+                 float* l, float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
 #if FG_BF16_PAIRS
   if constexpr (std::is_same<T, bf16_t>::value) {
     if (p.k.dim_stride == 1 && p.v.dim_stride == 1) {
       const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, seq0, hk);
       const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
-      return narrow_products<Nv>(p, b, seq0, hk, nj, next, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, qt,
-                                 st, m, l, alpha, ot, lo, hi, j0);
+      return narrow_chunks(p, b, seq0, hk, nj, next, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, w, qt, st,
+                           m, l, alpha, ot, lo, hi, j0);
     }
   }
 #endif
   int64_t kr_ld = 0, vr_ld = 0;
   const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kstage, kr_ld);
   const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
-  narrow_products<Nv>(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, qt, st, m, l,
-                      alpha, ot, lo, hi, j0);
+  narrow_chunks(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, w, qt, st, m, l, alpha,
+                ot, lo, hi, j0);
 }
 #endif
 
-// narrow_tile for a tile width of w (kLanes to kNarrowMaxRows rounded up to kLanes) query rows.
+// narrow_tile for w (mq rounded up to kLanes) query rows.
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l,
                  Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, int64_t j0) {
 #if FG_VEC_GEMM
-  if constexpr (std::is_same<Acc, float>::value) {
-    const auto tile = [&](auto nv) {
-      narrow_tile<T, decltype(nv)::value>(p, plan, b, seq0, hk, nj, next, qt, vstage, kstage, st, m, l, alpha, ot,
-                                          lo, hi, j0);
-    };
-    constexpr int64_t kMaxVecs = (kNarrowMaxRows + kLanes - 1) / kLanes;
-    static_assert(kMaxVecs <= 4, "narrow tiles are one to four vectors wide");
-    switch (w / kLanes) {
-      case 1: return tile(std::integral_constant<int, 1>{});
-      case 2: return tile(std::integral_constant<int, 2>{});
-      case 3: if constexpr (kMaxVecs >= 3) return tile(std::integral_constant<int, 3>{}); break;
-      case 4: if constexpr (kMaxVecs >= 4) return tile(std::integral_constant<int, 4>{}); break;
-    }
-    FG_DASSERT(false);
-    return;
-  }
+  if constexpr (std::is_same<Acc, float>::value)
+    return narrow_tile<T>(p, plan, b, seq0, hk, nj, next, w, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)next, (void)w, (void)qt, (void)vstage,
   (void)kstage;
@@ -846,7 +885,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // 2.6 / 2.3 -> 4.3 / 3.0; Lq = 32, not narrow, 2.6 / 2.3 and 2.5 / 2.3).
   // (Not on the amx path: its backward recomputes every bf16 score on AMX.)
   if constexpr (!std::is_same<Tiles, AccTiles<T, Acc>>::value && !kAmxTiles<Tiles>)
-    if (ranges_exact(p, lk) && narrow_usable<T, Acc, AccTiles<T, Acc>>(p, mq))
+    if (ranges_exact(p, lk) && narrow_usable<T, Acc, AccTiles<T, Acc>>(p, mq, k_hi - k_lo))
       return forward_task<T, Acc, AccTiles<T, Acc>>(p, plan, b, hk0, qb, split, ws, shared);
   const int64_t d = p.head_dim;
   const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
@@ -882,7 +921,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // (ranges_exact). Narrow tiles keep O^T, so a task takes them only where
   // every tile can.
   const bool ranged = ranges_exact(p, lk);
-  const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq);
+  const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq, k_hi - k_lo);
   const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major_ranged = keys_major && ranged;
   bool amx_narrow = false;  // AmxTiles::narrow

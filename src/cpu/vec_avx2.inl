@@ -37,7 +37,8 @@ constexpr bool kNarrowPrefetchNext = true;
 // bias or dropout keep the row path (and whole rows up to 4); softcapped
 // ones take the narrow tiles too (forward.inl, narrow_products).
 constexpr int64_t kNarrowMinRows = 3;
-constexpr int64_t kNarrowMaxRows = 32;
+constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
+constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }

@@ -11,6 +11,7 @@ constexpr int64_t kGemmVecs = 4;
 constexpr int64_t kWholeRows = 0;  // whole-row decode products (vec_avx2.inl): not measured here
 constexpr int64_t kNarrowMinRows = 8;  // narrow tiles from 8 stacked query rows (forward.inl)
 constexpr int64_t kNarrowMaxRows = 31;  // to 31 (two vectors; 32 rows keys-major: not measured here)
+constexpr int64_t kNarrowWidth = 32;  // query rows per narrow chunk: two vectors
 constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch (vec_avx2.inl): not measured here
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
