@@ -385,6 +385,32 @@ TEST_F(Kernels, DropoutMaskMatchesRequestedRate) {
   EXPECT_NE(keep, again) << "a different seed must give a different mask";
 }
 
+// This ISA's dropout decisions (eight Philox blocks at a time on avx2 and
+// avx512, rng.inl) are the portable path's bit for bit: row lengths around
+// the 32 columns of eight blocks, and a chunk of a longer attention whose
+// first key is not a multiple of 4 (its blocks start mid-way).
+TEST_F(Kernels, DropoutMaskIsThePortableBits) {
+  for (int64_t k_offset : {0, 5, 130})
+    for (int64_t lk : {1, 7, 9, 31, 32, 33, 41, 64, 100, 257}) {
+      AttnParams p;
+      p.batch = 2;
+      p.heads_q = 3;
+      p.seqlen_q = 5;
+      p.seqlen_k = lk;
+      p.dropout_p = 0.3;
+      p.seed = 0x123456789abcdefull;
+      p.offset = 0xfedcba9876543ull;
+      p.in_block = k_offset > 0;
+      p.block_q_offset = 7;
+      p.block_k_offset = k_offset;
+      const size_t n = static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * lk);
+      std::vector<uint8_t> got(n, 2), want(n, 2);
+      kernels().dropout_mask(p, got.data());
+      kernels_for(Isa::scalar).dropout_mask(p, want.data());
+      EXPECT_EQ(got, want) << isa_name() << " lk " << lk << " k_offset " << k_offset;
+    }
+}
+
 
 // The bf16 forwards of the avx512bf16 path (AVX512_BF16 dot products,
 // Bf16DotTiles in forward.inl) and of the amx path (AMX-BF16 tiles,

@@ -127,6 +127,9 @@ struct Runner {
     prm.softmax_scale = c.softmax_scale;
     prm.causal = c.causal;
     prm.softcap = c.softcap;
+    prm.dropout_p = p.opts.dropout_p;
+    prm.seed = p.opts.seed;
+    prm.offset = p.opts.offset;
     prm.window_left = c.window_left;
     prm.window_right = c.window_right;
     prm.num_threads = c.num_threads;

@@ -7,7 +7,7 @@
 namespace flashgrad::tools {
 
 // --batch, --seqlen, --seqlen-q, --seqlen-k, --heads-q, --heads-kv,
-// --head-dim, --head-dim-v, --dtype, --causal, --window, --softcap, --layout,
+// --head-dim, --head-dim-v, --dtype, --causal, --window, --softcap, --dropout, --layout,
 // --threads.
 testing::Case case_from_flags(Args& args);
 

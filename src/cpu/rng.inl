@@ -48,6 +48,14 @@ struct Philox {
     uint32_t lanes[4];
     int64_t jj = 0;
     const uint32_t x = static_cast<uint32_t>(row0 + i);
+#if FG_PHILOX_X8
+    // 8 blocks (32 columns) at a time; their words interleave as the columns.
+    for (uint32_t w[4][8]; n - jj > 8;) {
+      const int64_t y = col0 + j0 + jj;
+      philox_x8(static_cast<uint32_t>(y >> 2), x, bh, off, key0, key1, w);
+      for (int64_t e = y & 3; e < 32 && jj < n; ++e, ++jj) keep[jj] = w[e & 3][e >> 2] >= threshold ? 1 : 0;
+    }
+#endif
     while (jj < n) {
       const int64_t y = col0 + j0 + jj;
       block(static_cast<uint32_t>(y >> 2), x, lanes);

@@ -88,6 +88,8 @@ inline VecF vexp(VecF x) {
 }
 
 #include "tanh_f64x4.inl"
+#define FG_PHILOX_X8 1
+#include "philox_x8.inl"
 inline VecF vtanh(VecF s, double inv) { return tanh_f32x8(s, inv); }
 
 // 8 lanes of f32, bf16 or f16 bits (exact) as f32.

@@ -55,6 +55,8 @@ inline VecF vexp(VecF x) {
 
 // tanh_f32 (vec.inl) lane-wise, on each 256-bit half with the AVX2 form.
 #include "tanh_f64x4.inl"
+#define FG_PHILOX_X8 1
+#include "philox_x8.inl"
 inline VecF vtanh(VecF s, double inv) {
   const __m256 lo = tanh_f32x8(_mm512_castps512_ps256(s), inv), hi = tanh_f32x8(_mm512_extractf32x8_ps(s, 1), inv);
   return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
