@@ -679,9 +679,15 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
                    const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
                    int64_t w, const float* qt, float* st, float* m, float* l, float* alpha, float* ot,
                    const float* lo, const float* hi, int64_t j0) {
+  // bf16 pairs read in place run in chunks of two vectors, but for a tile
+  // of three, whose 3 x 3 blocks outran them: the four-vector chunk's
+  // 2-row blocks wait on FMA latency (bf16, d = 128, 8 heads, Lk = 16k,
+  // `flashgrad ab`, 9 pairs: 32 rows 1.09x, 64 rows 1.07x; 24 rows as two
+  // chunks 0.94x).
+  const int64_t chunk_w = std::is_same<TK, float>::value || w <= 3 * kLanes ? kNarrowWidth : 2 * kLanes;
   constexpr int64_t kMaxVecs = kNarrowWidth / kLanes;
   static_assert(kMaxVecs >= 1 && kMaxVecs <= 4, "narrow tiles are one to four vectors wide");
-  for (int64_t c = 0; c < w; c += kNarrowWidth) {
+  for (int64_t c = 0; c < w; c += chunk_w) {
     const NextTile nx = c == 0 ? next : NextTile{0, 0, 0};
     // A single chunk's W as a constant: with w in a register, Lq = 16 and 32
     // ran 1-4% slower.
@@ -691,12 +697,12 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
             p, b, seq0, hk, nj, nx, kr, kr_ld, k_in_place, vr, vr_ld, v_in_place, qt + c, w, st, m + c, l + c,
             alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, j0);
       };
-      if (w > kNarrowWidth)
+      if (w > chunk_w)
         run(std::true_type{});
       else
         run(std::false_type{});
     };
-    switch (std::min(kNarrowWidth, w - c) / kLanes) {
+    switch (std::min(chunk_w, w - c) / kLanes) {
       case 1: chunk(std::integral_constant<int, 1>{}); break;
       case 2: if constexpr (kMaxVecs >= 2) chunk(std::integral_constant<int, 2>{}); break;
       case 3: if constexpr (kMaxVecs >= 3) chunk(std::integral_constant<int, 3>{}); break;
