@@ -105,6 +105,8 @@ TilePlan plan_forward(const AttnParams& p, bool amx) {
   f.row_hi = c.take(sat_mul(t.block_q, 8) / t.acc_bytes);
   f.row_lo_f = c.take(round_up(t.block_q, kPad));
   f.row_hi_f = c.take(round_up(t.block_q, kPad));
+  f.row_pos_f = c.take(round_up(t.block_q, kPad));
+  f.row_slope_f = c.take(rows_pad);
   f.total = c.at;
   t.per_thread_bytes = round_up(sat_mul(f.total, t.acc_bytes), kAlign);
   t.shared_bytes = 0;

@@ -174,6 +174,7 @@ std::string Case::describe() const {
   if (window_left >= 0 || window_right >= 0) s << " win(" << window_left << "," << window_right << ")";
   if (softcap > 0) s << " softcap" << softcap;
   if (alibi) s << " alibi";
+  if (alibi && alibi_scale != 1.0) s << "x" << alibi_scale;
   if (bias != BiasKind::none) s << " bias" << static_cast<int>(bias) << (dbias ? "+dbias" : "");
   if (mask != MaskKind::none) s << " mask" << static_cast<int>(mask);
   if (sinks) s << " sinks";
@@ -247,7 +248,7 @@ Problem make_problem(const Case& c0) {
   }
   if (c.alibi) {
     p.alibi = contiguous(DType::f32, {H});
-    for (int64_t h = 0; h < H; ++h) put(p.alibi.view, h, std::ldexp(1.0, -static_cast<int>(h % 8) - 1));
+    for (int64_t h = 0; h < H; ++h) put(p.alibi.view, h, c.alibi_scale * std::ldexp(1.0, -static_cast<int>(h % 8) - 1));
     p.opts.alibi_slopes = p.alibi.view;
   }
   if (c.sinks) {

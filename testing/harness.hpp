@@ -35,6 +35,7 @@ struct Case {
   double softcap = 0.0;
   double softmax_scale = 0.0;  // 0: default
   bool alibi = false;
+  double alibi_scale = 1.0;  // slope of head h: alibi_scale * 2^-(h % 8 + 1), rounded to f32
   BiasKind bias = BiasKind::none;
   DType bias_dtype = DType::f32;
   bool dbias = false;

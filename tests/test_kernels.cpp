@@ -147,7 +147,7 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
 // per K/V head) read V rows in place when dv is a multiple of 32; K rows
 // with d = 64 are transposed where they lie, the last Lk mod 16 through
 // staging. On avx2 plain scores at 3 and 4 rows take the narrow tiles, and
-// the second case (dropout, ALiBi: the row path) whole rows.
+// the second case (dropout: the row path) whole rows.
 TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
   for (DType t : {DType::f32, DType::bf16, DType::f16})
     for (int64_t group : {1, 2, 3, 4})
@@ -209,8 +209,15 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       // capped scores too must be the backward's bit for bit.
       c.softcap = 2e4;
       expect_pass(c);
+      // ALiBi terms of the same order, slopes no power of two (so that the
+      // product rounds) and one per query head of the stack.
       c.softcap = 0.0;
+      c.alibi = true;
+      c.alibi_scale = 300.7;
+      expect_pass(c);
       c.causal = false;
+      expect_pass(c);
+      c.alibi = false;
       c.window_left = 37;
       c.window_right = 5;
       expect_pass(c);
@@ -245,8 +252,16 @@ TEST_F(Kernels, NarrowChunksMatchTheBackwardsRecompute) {
       c.causal = true;
       c.softcap = 2e4;
       expect_pass(c);
-      c.causal = false;
       c.softcap = 0.0;
+      // ALiBi with a slope per query head, at three chunks (each reads its
+      // own columns' slopes and positions).
+      if (lq == 45) {
+        c.alibi = true;
+        c.alibi_scale = 10.3;
+        expect_pass(c);
+        c.alibi = false;
+      }
+      c.causal = false;
       c.window_left = 1000;
       c.window_right = 3;
       expect_pass(c);

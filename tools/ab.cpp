@@ -120,10 +120,15 @@ struct Runner {
   const Problem& p;
   Outputs& o;
   fg_params prm;
+  DLTensor alibi{};  // prm.alibi_slopes points here
 
   Runner(const Build& b, const Problem& problem, Outputs& outputs)
       : build(b), p(problem), o(outputs), prm(b.params_default()) {
     const Case& c = p.c;
+    if (p.opts.alibi_slopes) {
+      alibi = dl(*p.opts.alibi_slopes);
+      prm.alibi_slopes = &alibi;
+    }
     prm.softmax_scale = c.softmax_scale;
     prm.causal = c.causal;
     prm.softcap = c.softcap;
@@ -134,6 +139,8 @@ struct Runner {
     prm.window_right = c.window_right;
     prm.num_threads = c.num_threads;
   }
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
   void ok(fg_status s, const char* what) const {
     if (s != FG_OK)
       throw std::runtime_error(build.label + " (" + build.path + "): " + what + ": " + build.last_error());

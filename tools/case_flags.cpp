@@ -33,6 +33,7 @@ const char* const kCaseFlagsUsage =
     "  --window L,R         sliding window; -1 is unbounded\n"
     "  --softcap C          logits capped as C tanh(S / C) (default 0: off)\n"
     "  --dropout P          attention dropout probability in [0, 1) (default 0)\n"
+    "  --alibi              ALiBi with slopes 2^-(h % 8 + 1) for query head h\n"
     "  --layout X           bshd ([batch, seq, heads, dim], default), bhsd (the same\n"
     "                       shape with each head's rows contiguous) or padded (rows\n"
     "                       padded, head_dim strided by 2)\n"
@@ -61,6 +62,7 @@ testing::Case case_from_flags(Args& args) {
   c.softcap = args.real("--softcap", 0.0, 0.0);
   c.dropout_p = args.real("--dropout", 0.0, 0.0);
   if (c.dropout_p >= 1.0) args.fail("--dropout", "a probability below 1", std::to_string(c.dropout_p));
+  c.alibi = args.has("--alibi");
   c.layout = parse_layout(args.choice("--layout", "bshd", {"bshd", "bhsd", "padded"}));
   c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
   return c;

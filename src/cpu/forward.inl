@@ -397,8 +397,8 @@ template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
-// Keys-major score tiles: tiles without mask, bias, ALiBi or dropout
-// (full, or cut only by the causal and window ranges; softcapped or not) of query tiles
+// Keys-major score tiles: tiles without mask, bias or dropout (full, or
+// cut only by the causal and window ranges; softcapped, with ALiBi or not) of query tiles
 // with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
@@ -452,11 +452,19 @@ inline bool plain_scores(const AttnParams& p) {
   return p.softcap == 0 && !p.alibi && !p.bias.data && p.dropout_p == 0;
 }
 
+// Whether every ALiBi distance |i + shift - j| and the positions it comes
+// from are integers f32 holds exactly (AlibiCols).
+inline bool alibi_exact(const AttnParams& p) {
+  const int64_t shift = p.in_block ? std::abs(p.block_total_k - p.block_total_q + p.block_q_offset - p.block_k_offset)
+                                   : std::max(p.seqlen_q, p.seqlen_k);
+  return shift + p.seqlen_q + p.seqlen_k < (int64_t{1} << 23);
+}
+
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
 #if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value && !p.alibi &&
-         !p.bias.data && p.dropout_p == 0;
+  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
+         (!p.alibi || alibi_exact(p)) && !p.bias.data && p.dropout_p == 0;
 #else
   (void)p;
   return false;
@@ -589,6 +597,29 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
   return stage;
 }
 
+// ALiBi on S^T's columns (stacked query rows): column c's score of key j
+// less slope[c] * |pos[c] - j|, slope null: none. pos[c] is the row's
+// position i + shift, exact in f32 (alibi_exact), so |pos[c] - j| is the
+// distance logits_row converts from integers, and with the kernels built
+// without FMA contraction the product and the difference round as they do
+// there: the scores are the backward's bit for bit.
+template <typename Acc>
+struct AlibiCols {
+  const Acc* slope = nullptr;
+  const Acc* pos = nullptr;
+
+  AlibiCols at(int64_t c) const { return slope ? AlibiCols{slope + c, pos + c} : AlibiCols{}; }
+  // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
+  void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
+    if (!slope) return;
+    for (int64_t j = 0; j < nj; ++j) {
+      const Acc key = static_cast<Acc>(key0 + j);
+      Acc* row = st + j * ld;
+      for (int64_t c = 0; c < cols; ++c) row[c] -= slope[c] * std::fabs(pos[c] - key);
+    }
+  }
+};
+
 // The rows of the tile after this one: n rows from seq0 of K/V head hk (n = 0: none).
 struct NextTile {
   int64_t seq0, hk, n;
@@ -647,7 +678,7 @@ template <int Nv, bool Chunked, typename TK, typename TV>
 void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
                      const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
                      const float* qt, int64_t chunked_ld, float* st, float* m, float* l, float* alpha, float* ot,
-                     const float* lo, const float* hi, int64_t j0) {
+                     const float* lo, const float* hi, const AlibiCols<float>& al, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
   const int64_t ld = Chunked ? chunked_ld : W;
   // bf16 A takes smaller blocks (4 rows of two vectors, 3 of three, 2 of
@@ -663,6 +694,7 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
   else
     gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W);
   if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
+  al.apply(st, nj, W, W, j0);
   softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
@@ -678,7 +710,7 @@ template <typename TK, typename TV>
 void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
                    const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
                    int64_t w, const float* qt, float* st, float* m, float* l, float* alpha, float* ot,
-                   const float* lo, const float* hi, int64_t j0) {
+                   const float* lo, const float* hi, const AlibiCols<float>& al, int64_t j0) {
   // bf16 pairs read in place run in chunks of two vectors, but for a tile
   // of three, whose 3 x 3 blocks outran them: the four-vector chunk's
   // 2-row blocks wait on FMA latency (bf16, d = 128, 8 heads, Lk = 16k,
@@ -695,7 +727,7 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
       const auto run = [&](auto chunked) {
         narrow_products<decltype(nv)::value, decltype(chunked)::value>(
             p, b, seq0, hk, nj, nx, kr, kr_ld, k_in_place, vr, vr_ld, v_in_place, qt + c, w, st, m + c, l + c,
-            alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, j0);
+            alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, al.at(c), j0);
       };
       if (w > chunk_w)
         run(std::true_type{});
@@ -721,14 +753,15 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
 template <typename T>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const float* qt, float* vstage, float* kstage, float* st, float* m,
-                 float* l, float* alpha, float* ot, const float* lo, const float* hi, int64_t j0) {
+                 float* l, float* alpha, float* ot, const float* lo, const float* hi, const AlibiCols<float>& al,
+                 int64_t j0) {
 #if FG_BF16_PAIRS
   if constexpr (std::is_same<T, bf16_t>::value) {
     if (p.k.dim_stride == 1 && p.v.dim_stride == 1) {
       const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, seq0, hk);
       const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
       return narrow_chunks(p, b, seq0, hk, nj, next, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, w, qt, st,
-                           m, l, alpha, ot, lo, hi, j0);
+                           m, l, alpha, ot, lo, hi, al, j0);
     }
   }
 #endif
@@ -736,7 +769,7 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
   const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kstage, kr_ld);
   const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
   narrow_chunks(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, w, qt, st, m, l, alpha,
-                ot, lo, hi, j0);
+                ot, lo, hi, al, j0);
 }
 #endif
 
@@ -744,14 +777,15 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l,
-                 Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, int64_t j0) {
+                 Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, const AlibiCols<Acc>& al, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value)
-    return narrow_tile<T>(p, plan, b, seq0, hk, nj, next, w, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, j0);
+    return narrow_tile<T>(p, plan, b, seq0, hk, nj, next, w, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, al,
+                          j0);
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)next, (void)w, (void)qt, (void)vstage,
   (void)kstage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)j0;
+  (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)al, (void)j0;
 }
 
 // Where a tile the causal or window ranges cut starts, per band of kPad
@@ -792,8 +826,8 @@ struct TileCut {
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                      int64_t mq, const Acc* qt, int64_t ms, int64_t mld, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l,
-                     Acc* alpha, Acc* o, const Acc* lo, const Acc* hi, int64_t j0, const TileCut* cut,
-                     const NextTile& next) {
+                     Acc* alpha, Acc* o, const Acc* lo, const Acc* hi, const AlibiCols<Acc>& al, int64_t j0,
+                     const TileCut* cut, const NextTile& next) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
     // The next tile's K rows go to L2 after the S^T product and its V rows
@@ -829,12 +863,15 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // 1 thread, both builds at once: d = 64 125.8 -> 127.5, d = 128 133.7 ->
     // 135.8 GFLOP/s).
     // A softcap caps S^T's rows where they lie (softcap_row: the same bits
-    // as the row path's logits_row, so the backward's recomputed scores);
-    // the softmax then finds the new maxima itself.
+    // as the row path's logits_row, so the backward's recomputed scores),
+    // and ALiBi follows (AlibiCols); the softmax then finds the new maxima
+    // itself.
     const float cap = static_cast<float>(p.softcap);
-    if (!cut && cap > 0) {
+    if (!cut && (cap > 0 || al.slope)) {
       gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
-      for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
+      if (cap > 0)
+        for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
+      al.apply(st, nj, ms, mld, j0);
       ahead(p.k, p.head_dim);
       softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
       ahead(p.v, p.head_dim_v);
@@ -856,6 +893,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
               mld);
       if (cap > 0)
         for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + c, ms - c, cap, nullptr);
+      al.at(c).apply(st + a * mld + c, std::min(kPad, nj - a), ms - c, mld, j0 + a);
     }
     ahead(p.k, p.head_dim);
     const int64_t c0 = cut->pv[0];
@@ -872,7 +910,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)mld, (void)v,
   (void)stage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)j0, (void)cut, (void)next;
+  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)al, (void)j0, (void)cut, (void)next;
 }
 
 template <typename T, typename Acc, typename Tiles>
@@ -902,7 +940,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   Acc *q = ws.at(L.q), *qt = ws.at(L.qt), *kt = ws.at(L.kt), *v = ws.at(L.v), *s = ws.at(L.s), *o = ws.at(L.o);
   Acc *stage = ws.at(L.stage), *pv = ws.at(L.pv), *m = ws.at(L.row_m), *l = ws.at(L.row_l), *alpha = ws.at(L.row_alpha);
   int64_t *lo = ws.idx(L.row_lo), *hi = ws.idx(L.row_hi);
-  Acc *lo_f = ws.at(L.row_lo_f), *hi_f = ws.at(L.row_hi_f);
+  Acc *lo_f = ws.at(L.row_lo_f), *hi_f = ws.at(L.row_hi_f), *pos_f = ws.at(L.row_pos_f), *slope_f = ws.at(L.row_slope_f);
   uint8_t keep[kMaxBlockK];
   Tiles tiles(p, mq);
 
@@ -950,6 +988,13 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       lo_f[r] = r < mq ? static_cast<Acc>(std::min(lo[r], lk)) : Acc(1);
       hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
     }
+  }
+  const bool alibi_cols = keys_major && p.alibi;
+  if (alibi_cols) {  // padding columns: slope 0
+    for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(i0 + r % mqh + ctx[0].shift) : Acc(0);
+    for (int64_t x = 0; x < nh; ++x)
+      for (int64_t r = 0; r < ms; ++r)
+        slope_f[x * ms + r] = r < mq ? ctx[static_cast<size_t>(x * plan.group + r / mqh)].slope : Acc(0);
   }
   // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
   if (amx_narrow) {
@@ -1002,10 +1047,12 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
     if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
       const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
+      const AlibiCols<Acc> al = alibi_cols ? AlibiCols<Acc>{slope_f + x * ms, pos_f} : AlibiCols<Acc>{};
       if (narrow) {
-        narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, j0);
+        narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, al,
+                       j0);
       } else {
-        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif,
+        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif, al,
                            j0, cut ? &tile_cut : nullptr, next);
       }
       return;
