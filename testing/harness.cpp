@@ -176,6 +176,7 @@ std::string Case::describe() const {
   if (alibi) s << " alibi";
   if (alibi && alibi_scale != 1.0) s << "x" << alibi_scale;
   if (bias != BiasKind::none) s << " bias" << static_cast<int>(bias) << (dbias ? "+dbias" : "");
+  if (bias != BiasKind::none && bias_scale != 1.0) s << "x" << bias_scale;
   if (mask != MaskKind::none) s << " mask" << static_cast<int>(mask);
   if (sinks) s << " sinks";
   if (varlen()) s << " varlen";
@@ -234,7 +235,7 @@ Problem make_problem(const Case& c0) {
     if (c.bias == BiasKind::bcast_heads) dims[1] = 1;
     if (c.bias == BiasKind::key_row) dims = {B, 1, 1, Lk};
     p.bias = contiguous(c.bias_dtype, dims);
-    fill_normal(p.bias, rng, 1.0);
+    fill_normal(p.bias, rng, c.bias_scale);
     p.opts.bias = p.bias.view;
   }
   if (c.mask != MaskKind::none) {

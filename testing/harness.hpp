@@ -38,6 +38,7 @@ struct Case {
   double alibi_scale = 1.0;  // slope of head h: alibi_scale * 2^-(h % 8 + 1), rounded to f32
   BiasKind bias = BiasKind::none;
   DType bias_dtype = DType::f32;
+  double bias_scale = 1.0;  // the bias's standard deviation
   bool dbias = false;
   MaskKind mask = MaskKind::none;
   bool sinks = false;

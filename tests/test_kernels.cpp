@@ -215,9 +215,23 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       c.alibi = true;
       c.alibi_scale = 300.7;
       expect_pass(c);
+      // A bias of order 1e3 after ALiBi: added in another order, or
+      // converted otherwise, the sums round differently. Then one bf16
+      // bias plane for all heads, and one row for all query rows.
+      c.bias = BiasKind::full;
+      c.bias_scale = 1000.0;
+      expect_pass(c);
       c.causal = false;
+      c.alibi = false;
+      c.bias = BiasKind::bcast_heads;
+      c.bias_dtype = DType::bf16;
+      expect_pass(c);
+      c.bias = BiasKind::key_row;
+      c.bias_dtype = DType::f32;
+      c.alibi = true;
       expect_pass(c);
       c.alibi = false;
+      c.bias = BiasKind::none;
       c.window_left = 37;
       c.window_right = 5;
       expect_pass(c);
@@ -253,13 +267,16 @@ TEST_F(Kernels, NarrowChunksMatchTheBackwardsRecompute) {
       c.softcap = 2e4;
       expect_pass(c);
       c.softcap = 0.0;
-      // ALiBi with a slope per query head, at three chunks (each reads its
-      // own columns' slopes and positions).
+      // ALiBi with a slope per query head and a bias, at three chunks (each
+      // reads its own columns' slopes, positions and bias rows).
       if (lq == 45) {
         c.alibi = true;
         c.alibi_scale = 10.3;
+        c.bias = BiasKind::full;
+        c.bias_scale = 1000.0;
         expect_pass(c);
         c.alibi = false;
+        c.bias = BiasKind::none;
       }
       c.causal = false;
       c.window_left = 1000;

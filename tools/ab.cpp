@@ -120,7 +120,7 @@ struct Runner {
   const Problem& p;
   Outputs& o;
   fg_params prm;
-  DLTensor alibi{};  // prm.alibi_slopes points here
+  DLTensor alibi{}, bias{};  // prm.alibi_slopes and prm.bias point here
 
   Runner(const Build& b, const Problem& problem, Outputs& outputs)
       : build(b), p(problem), o(outputs), prm(b.params_default()) {
@@ -128,6 +128,10 @@ struct Runner {
     if (p.opts.alibi_slopes) {
       alibi = dl(*p.opts.alibi_slopes);
       prm.alibi_slopes = &alibi;
+    }
+    if (p.opts.bias) {
+      bias = dl(*p.opts.bias);
+      prm.bias = &bias;
     }
     prm.softmax_scale = c.softmax_scale;
     prm.causal = c.causal;

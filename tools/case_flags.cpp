@@ -34,6 +34,7 @@ const char* const kCaseFlagsUsage =
     "  --softcap C          logits capped as C tanh(S / C) (default 0: off)\n"
     "  --dropout P          attention dropout probability in [0, 1) (default 0)\n"
     "  --alibi              ALiBi with slopes 2^-(h % 8 + 1) for query head h\n"
+    "  --bias               an additive f32 bias [1, heads_q, seqlen_q, seqlen_k]\n"
     "  --layout X           bshd ([batch, seq, heads, dim], default), bhsd (the same\n"
     "                       shape with each head's rows contiguous) or padded (rows\n"
     "                       padded, head_dim strided by 2)\n"
@@ -63,6 +64,7 @@ testing::Case case_from_flags(Args& args) {
   c.dropout_p = args.real("--dropout", 0.0, 0.0);
   if (c.dropout_p >= 1.0) args.fail("--dropout", "a probability below 1", std::to_string(c.dropout_p));
   c.alibi = args.has("--alibi");
+  if (args.has("--bias")) c.bias = testing::BiasKind::bcast_batch;
   c.layout = parse_layout(args.choice("--layout", "bshd", {"bshd", "bhsd", "padded"}));
   c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
   return c;

@@ -397,8 +397,8 @@ template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
-// Keys-major score tiles: tiles without mask, bias or dropout (full, or
-// cut only by the causal and window ranges; softcapped, with ALiBi or not) of query tiles
+// Keys-major score tiles: tiles without mask or dropout (full, or cut only
+// by the causal and window ranges; with softcap, ALiBi and bias or not) of query tiles
 // with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
@@ -453,7 +453,7 @@ inline bool plain_scores(const AttnParams& p) {
 }
 
 // Whether every ALiBi distance |i + shift - j| and the positions it comes
-// from are integers f32 holds exactly (AlibiCols).
+// from are integers f32 holds exactly (ScoreCols).
 inline bool alibi_exact(const AttnParams& p) {
   const int64_t shift = p.in_block ? std::abs(p.block_total_k - p.block_total_q + p.block_q_offset - p.block_k_offset)
                                    : std::max(p.seqlen_q, p.seqlen_k);
@@ -464,7 +464,7 @@ template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
 #if FG_VEC_GEMM
   return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
-         (!p.alibi || alibi_exact(p)) && !p.bias.data && p.dropout_p == 0;
+         (!p.alibi || alibi_exact(p)) && p.dropout_p == 0;
 #else
   (void)p;
   return false;
@@ -597,26 +597,94 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
   return stage;
 }
 
-// ALiBi on S^T's columns (stacked query rows): column c's score of key j
-// less slope[c] * |pos[c] - j|, slope null: none. pos[c] is the row's
-// position i + shift, exact in f32 (alibi_exact), so |pos[c] - j| is the
-// distance logits_row converts from integers, and with the kernels built
-// without FMA contraction the product and the difference round as they do
-// there: the scores are the backward's bit for bit.
+// What logits_row does to a row's scores after the softcap, done to S^T's
+// columns (stacked query rows) in the same order with the same roundings
+// (the kernels are built without FMA contraction), so that the scores are
+// the backward's bit for bit:
+// - ALiBi (slope null: none): column c's score of key j less slope[c] *
+//   |pos[c] - j|, where pos[c], the row's position i + shift, is exact in
+//   f32 (alibi_exact), so |pos[c] - j| is the integer distance logits_row
+//   converts;
+// - an additive bias (brow null: none): column c < bias_n's score of key j
+//   plus element j * bias_cs of the bias row brow[c], converted as
+//   logits_row converts it (the columns from bias_n on are padding).
 template <typename Acc>
-struct AlibiCols {
+struct ScoreCols {
   const Acc* slope = nullptr;
   const Acc* pos = nullptr;
+  const char* const* brow = nullptr;
+  int64_t bias_n = 0, bias_cs = 0;
+  DType bias_dtype = DType::f32;
 
-  AlibiCols at(int64_t c) const { return slope ? AlibiCols{slope + c, pos + c} : AlibiCols{}; }
+  bool any() const { return slope || brow; }
+  ScoreCols at(int64_t c) const {
+    ScoreCols r = *this;
+    if (slope) r.slope += c, r.pos += c;
+    if (brow) r.brow += c, r.bias_n = std::max<int64_t>(bias_n - c, 0);
+    return r;
+  }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
   void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
-    if (!slope) return;
-    for (int64_t j = 0; j < nj; ++j) {
-      const Acc key = static_cast<Acc>(key0 + j);
-      Acc* row = st + j * ld;
-      for (int64_t c = 0; c < cols; ++c) row[c] -= slope[c] * std::fabs(pos[c] - key);
+    if (slope)
+      for (int64_t j = 0; j < nj; ++j) {
+        const Acc key = static_cast<Acc>(key0 + j);
+        Acc* row = st + j * ld;
+        for (int64_t c = 0; c < cols; ++c) row[c] -= slope[c] * std::fabs(pos[c] - key);
+      }
+    if (!brow) return;
+    switch (bias_dtype) {
+      case DType::bf16: return add_bias<bf16_t>(st, nj, cols, ld, key0);
+      case DType::f16: return add_bias<f16_t>(st, nj, cols, ld, key0);
+      case DType::f64: return add_bias<double>(st, nj, cols, ld, key0);
+      default: return add_bias<float>(st, nj, cols, ld, key0);
     }
+  }
+  // Columns [c0, c1) over keys [j0, j1), one column at a time.
+  template <typename B>
+  void add_bias_cols(Acc* st, int64_t ld, int64_t key0, int64_t c0, int64_t c1, int64_t j0, int64_t j1) const {
+    for (int64_t c = c0; c < c1; ++c) {
+      const B* r = reinterpret_cast<const B*>(brow[c]) + key0 * bias_cs;
+      for (int64_t j = j0; j < j1; ++j) st[j * ld + c] += static_cast<Acc>(to_float(r[j * bias_cs]));
+    }
+  }
+  // Panels of kBiasPanel columns whose bias rows lie evenly apart (one
+  // query head's) are transposed from their rows in register blocks, keys
+  // contiguous, and added to S^T's rows as vectors: down S^T's columns
+  // every score missed L1, and along its rows the bias rows (a power of two
+  // apart at L = 2048) fought over L1's sets; either way the bias took a
+  // third of the forward (f32, d = 64, L = 2048, 8 heads, 1 thread).
+  static constexpr int64_t kBiasPanel = 16, kBiasKeys = 64;
+  template <typename B>
+  void add_bias(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
+    const int64_t n = std::min(cols, bias_n);
+    int64_t c = 0;
+#if FG_VEC_GEMM
+    if constexpr (std::is_same<Acc, float>::value && !std::is_same<B, double>::value) {
+      const int64_t nb = nj / kTransposeBlock * kTransposeBlock;
+      alignas(64) float tmp[kBiasPanel * kBiasKeys];
+      for (; bias_cs == 1 && nb > 0 && c + kBiasPanel <= n; c += kBiasPanel) {
+        const std::ptrdiff_t step = brow[c + 1] - brow[c];
+        bool even = step % static_cast<std::ptrdiff_t>(sizeof(B)) == 0;
+        for (int64_t x = 2; x < kBiasPanel; ++x) even = even && brow[c + x] - brow[c + x - 1] == step;
+        if (!even) {
+          add_bias_cols<B>(st, ld, key0, c, c + kBiasPanel, 0, nj);
+          continue;
+        }
+        const B* src = reinterpret_cast<const B*>(brow[c]) + key0;
+        for (int64_t j0 = 0; j0 < nb; j0 += kBiasKeys) {
+          const int64_t w = std::min(kBiasKeys, nb - j0);
+          transpose_cvt(kBiasPanel, w, src + j0, step / static_cast<std::ptrdiff_t>(sizeof(B)), tmp, kBiasPanel);
+          for (int64_t j = 0; j < w; ++j)
+            for (int64_t x = 0; x < kBiasPanel; x += kLanes) {
+              float* d = st + (j0 + j) * ld + c + x;
+              vstore(d, vadd(vload(d), vload(tmp + j * kBiasPanel + x)));
+            }
+        }
+        add_bias_cols<B>(st, ld, key0, c, c + kBiasPanel, nb, nj);
+      }
+    }
+#endif
+    add_bias_cols<B>(st, ld, key0, c, n, 0, nj);
   }
 };
 
@@ -678,7 +746,7 @@ template <int Nv, bool Chunked, typename TK, typename TV>
 void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
                      const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
                      const float* qt, int64_t chunked_ld, float* st, float* m, float* l, float* alpha, float* ot,
-                     const float* lo, const float* hi, const AlibiCols<float>& al, int64_t j0) {
+                     const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
   const int64_t ld = Chunked ? chunked_ld : W;
   // bf16 A takes smaller blocks (4 rows of two vectors, 3 of three, 2 of
@@ -694,7 +762,7 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
   else
     gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W);
   if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
-  al.apply(st, nj, W, W, j0);
+  sc.apply(st, nj, W, W, j0);
   softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
@@ -710,7 +778,7 @@ template <typename TK, typename TV>
 void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int64_t nj, const NextTile& next,
                    const TK* kr, int64_t kr_ld, bool k_in_place, const TV* vr, int64_t vr_ld, bool v_in_place,
                    int64_t w, const float* qt, float* st, float* m, float* l, float* alpha, float* ot,
-                   const float* lo, const float* hi, const AlibiCols<float>& al, int64_t j0) {
+                   const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
   // bf16 pairs read in place run in chunks of two vectors, but for a tile
   // of three, whose 3 x 3 blocks outran them: the four-vector chunk's
   // 2-row blocks wait on FMA latency (bf16, d = 128, 8 heads, Lk = 16k,
@@ -727,7 +795,7 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
       const auto run = [&](auto chunked) {
         narrow_products<decltype(nv)::value, decltype(chunked)::value>(
             p, b, seq0, hk, nj, nx, kr, kr_ld, k_in_place, vr, vr_ld, v_in_place, qt + c, w, st, m + c, l + c,
-            alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, al.at(c), j0);
+            alpha + c, ot + c, lo ? lo + c : nullptr, hi ? hi + c : nullptr, sc.at(c), j0);
       };
       if (w > chunk_w)
         run(std::true_type{});
@@ -753,7 +821,7 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
 template <typename T>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const float* qt, float* vstage, float* kstage, float* st, float* m,
-                 float* l, float* alpha, float* ot, const float* lo, const float* hi, const AlibiCols<float>& al,
+                 float* l, float* alpha, float* ot, const float* lo, const float* hi, const ScoreCols<float>& sc,
                  int64_t j0) {
 #if FG_BF16_PAIRS
   if constexpr (std::is_same<T, bf16_t>::value) {
@@ -761,7 +829,7 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
       const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, seq0, hk);
       const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, seq0, hk);
       return narrow_chunks(p, b, seq0, hk, nj, next, kr, p.k.seq_stride, true, vr, p.v.seq_stride, true, w, qt, st,
-                           m, l, alpha, ot, lo, hi, al, j0);
+                           m, l, alpha, ot, lo, hi, sc, j0);
     }
   }
 #endif
@@ -769,7 +837,7 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
   const float* kr = rows_f32<T>(p.k, b, seq0, hk, nj, p.head_dim, plan.dqk_pad, kstage, kr_ld);
   const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
   narrow_chunks(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, w, qt, st, m, l, alpha,
-                ot, lo, hi, al, j0);
+                ot, lo, hi, sc, j0);
 }
 #endif
 
@@ -777,15 +845,15 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 template <typename T, typename Acc>
 void narrow_step(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const Acc* qt, Acc* vstage, Acc* kstage, Acc* st, Acc* m, Acc* l,
-                 Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, const AlibiCols<Acc>& al, int64_t j0) {
+                 Acc* alpha, Acc* ot, const Acc* lo, const Acc* hi, const ScoreCols<Acc>& sc, int64_t j0) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value)
-    return narrow_tile<T>(p, plan, b, seq0, hk, nj, next, w, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, al,
+    return narrow_tile<T>(p, plan, b, seq0, hk, nj, next, w, qt, vstage, kstage, st, m, l, alpha, ot, lo, hi, sc,
                           j0);
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)next, (void)w, (void)qt, (void)vstage,
   (void)kstage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)al, (void)j0;
+  (void)st, (void)m, (void)l, (void)alpha, (void)ot, (void)lo, (void)hi, (void)sc, (void)j0;
 }
 
 // Where a tile the causal or window ranges cut starts, per band of kPad
@@ -826,7 +894,7 @@ struct TileCut {
 template <typename T, typename Acc>
 void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                      int64_t mq, const Acc* qt, int64_t ms, int64_t mld, Acc* v, Acc* stage, Acc* st, Acc* m, Acc* l,
-                     Acc* alpha, Acc* o, const Acc* lo, const Acc* hi, const AlibiCols<Acc>& al, int64_t j0,
+                     Acc* alpha, Acc* o, const Acc* lo, const Acc* hi, const ScoreCols<Acc>& sc, int64_t j0,
                      const TileCut* cut, const NextTile& next) {
 #if FG_VEC_GEMM
   if constexpr (std::is_same<Acc, float>::value) {
@@ -864,14 +932,14 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // 135.8 GFLOP/s).
     // A softcap caps S^T's rows where they lie (softcap_row: the same bits
     // as the row path's logits_row, so the backward's recomputed scores),
-    // and ALiBi follows (AlibiCols); the softmax then finds the new maxima
-    // itself.
+    // and ALiBi and a bias follow (ScoreCols); the softmax then finds the
+    // new maxima itself.
     const float cap = static_cast<float>(p.softcap);
-    if (!cut && (cap > 0 || al.slope)) {
+    if (!cut && (cap > 0 || sc.any())) {
       gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
       if (cap > 0)
         for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
-      al.apply(st, nj, ms, mld, j0);
+      sc.apply(st, nj, ms, mld, j0);
       ahead(p.k, p.head_dim);
       softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
       ahead(p.v, p.head_dim_v);
@@ -893,7 +961,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
               mld);
       if (cap > 0)
         for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + c, ms - c, cap, nullptr);
-      al.at(c).apply(st + a * mld + c, std::min(kPad, nj - a), ms - c, mld, j0 + a);
+      sc.at(c).apply(st + a * mld + c, std::min(kPad, nj - a), ms - c, mld, j0 + a);
     }
     ahead(p.k, p.head_dim);
     const int64_t c0 = cut->pv[0];
@@ -910,7 +978,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
 #endif
   (void)p, (void)plan, (void)b, (void)seq0, (void)hk, (void)nj, (void)mq, (void)qt, (void)ms, (void)mld, (void)v,
   (void)stage;
-  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)al, (void)j0, (void)cut, (void)next;
+  (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)sc, (void)j0, (void)cut, (void)next;
 }
 
 template <typename T, typename Acc, typename Tiles>
@@ -989,13 +1057,20 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
     }
   }
-  const bool alibi_cols = keys_major && p.alibi;
+  const bool alibi_cols = keys_major && p.alibi, bias_cols = keys_major && p.bias.data;
   if (alibi_cols) {  // padding columns: slope 0
     for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(i0 + r % mqh + ctx[0].shift) : Acc(0);
     for (int64_t x = 0; x < nh; ++x)
       for (int64_t r = 0; r < ms; ++r)
         slope_f[x * ms + r] = r < mq ? ctx[static_cast<size_t>(x * plan.group + r / mqh)].slope : Acc(0);
   }
+  const char** brow = reinterpret_cast<const char**>(ws.idx(L.row_bias));
+  if (bias_cols)
+    for (int64_t x = 0; x < nh; ++x)
+      for (int64_t r = 0; r < ms; ++r) {
+        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
+        brow[x * ms + r] = c.bias + (i0 + std::min(r, mq - 1) % mqh) * c.bias_rs * c.bias_es;
+      }
   // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
   if (amx_narrow) {
     const int64_t dp = plan.dqk_pad / 2;
@@ -1047,12 +1122,14 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
     if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
       const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
-      const AlibiCols<Acc> al = alibi_cols ? AlibiCols<Acc>{slope_f + x * ms, pos_f} : AlibiCols<Acc>{};
+      ScoreCols<Acc> sc;
+      if (alibi_cols) sc.slope = slope_f + x * ms, sc.pos = pos_f;
+      if (bias_cols) sc.brow = brow + x * ms, sc.bias_n = mq, sc.bias_cs = ctx[0].bias_cs, sc.bias_dtype = p.bias.dtype;
       if (narrow) {
-        narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, al,
+        narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, sc,
                        j0);
       } else {
-        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif, al,
+        keys_major_tile<T>(p, plan, b, k0 + j0, hk, nj, mq, qtx, ms, mld, v, stage, s, mx_, lx, ax, ox, lof, hif, sc,
                            j0, cut ? &tile_cut : nullptr, next);
       }
       return;
