@@ -230,6 +230,13 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
       c.bias_dtype = DType::f32;
       c.alibi = true;
       expect_pass(c);
+      // A random mask per head on top, then with the causal ranges.
+      c.mask = MaskKind::bcast_batch;
+      expect_pass(c);
+      c.causal = true;
+      expect_pass(c);
+      c.causal = false;
+      c.mask = MaskKind::none;
       c.alibi = false;
       c.bias = BiasKind::none;
       c.window_left = 37;
@@ -267,16 +274,19 @@ TEST_F(Kernels, NarrowChunksMatchTheBackwardsRecompute) {
       c.softcap = 2e4;
       expect_pass(c);
       c.softcap = 0.0;
-      // ALiBi with a slope per query head and a bias, at three chunks (each
-      // reads its own columns' slopes, positions and bias rows).
+      // ALiBi with a slope per query head, a bias and a mask, at three
+      // chunks (each reads its own columns' slopes, positions, bias and
+      // mask rows).
       if (lq == 45) {
         c.alibi = true;
         c.alibi_scale = 10.3;
         c.bias = BiasKind::full;
         c.bias_scale = 1000.0;
+        c.mask = MaskKind::full;
         expect_pass(c);
         c.alibi = false;
         c.bias = BiasKind::none;
+        c.mask = MaskKind::none;
       }
       c.causal = false;
       c.window_left = 1000;

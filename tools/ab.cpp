@@ -120,7 +120,7 @@ struct Runner {
   const Problem& p;
   Outputs& o;
   fg_params prm;
-  DLTensor alibi{}, bias{};  // prm.alibi_slopes and prm.bias point here
+  DLTensor alibi{}, bias{}, mask{};  // prm.alibi_slopes, prm.bias and prm.mask point here
 
   Runner(const Build& b, const Problem& problem, Outputs& outputs)
       : build(b), p(problem), o(outputs), prm(b.params_default()) {
@@ -132,6 +132,10 @@ struct Runner {
     if (p.opts.bias) {
       bias = dl(*p.opts.bias);
       prm.bias = &bias;
+    }
+    if (p.opts.mask) {
+      mask = dl(*p.opts.mask);
+      prm.mask = &mask;
     }
     prm.softmax_scale = c.softmax_scale;
     prm.causal = c.causal;

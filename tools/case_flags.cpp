@@ -35,6 +35,7 @@ const char* const kCaseFlagsUsage =
     "  --dropout P          attention dropout probability in [0, 1) (default 0)\n"
     "  --alibi              ALiBi with slopes 2^-(h % 8 + 1) for query head h\n"
     "  --bias               an additive f32 bias [1, heads_q, seqlen_q, seqlen_k]\n"
+    "  --mask               a random boolean mask [1, heads_q, seqlen_q, seqlen_k], 70% kept\n"
     "  --layout X           bshd ([batch, seq, heads, dim], default), bhsd (the same\n"
     "                       shape with each head's rows contiguous) or padded (rows\n"
     "                       padded, head_dim strided by 2)\n"
@@ -65,6 +66,7 @@ testing::Case case_from_flags(Args& args) {
   if (c.dropout_p >= 1.0) args.fail("--dropout", "a probability below 1", std::to_string(c.dropout_p));
   c.alibi = args.has("--alibi");
   if (args.has("--bias")) c.bias = testing::BiasKind::bcast_batch;
+  if (args.has("--mask")) c.mask = testing::MaskKind::bcast_batch;
   c.layout = parse_layout(args.choice("--layout", "bshd", {"bshd", "bhsd", "padded"}));
   c.num_threads = static_cast<int>(args.integer("--threads", 0, 1, 4096));
   return c;

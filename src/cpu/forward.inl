@@ -397,8 +397,8 @@ template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
-// Keys-major score tiles: tiles without mask or dropout (full, or cut only
-// by the causal and window ranges; with softcap, ALiBi and bias or not) of query tiles
+// Keys-major score tiles: tiles without dropout (full, or cut by the causal
+// and window ranges or a mask; with softcap, ALiBi and bias or not) of query tiles
 // with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
@@ -492,9 +492,10 @@ bool narrow_usable(const AttnParams& p, int64_t mq, int64_t keys) {
 #endif
 }
 
-// Whether keys-major tiles may take the causal and window cuts: nothing
-// else masks, and key indices stay exact in f32.
-inline bool ranges_exact(const AttnParams& p, int64_t lk) { return !p.mask.data && lk < (int64_t{1} << 24); }
+// Whether keys-major tiles may take the tiles that the causal and window
+// ranges or a mask cut: key indices stay exact in f32 (the ranges' cuts),
+// and a mask's -inf come with the scores (ScoreCols).
+inline bool ranges_exact(const AttnParams&, int64_t lk) { return lk < (int64_t{1} << 24); }
 
 // Whether a task walks its K/V heads one after another, each through all
 // its keys, instead of every head at each key tile: where a head's K and V
@@ -607,20 +608,25 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
 //   converts;
 // - an additive bias (brow null: none): column c < bias_n's score of key j
 //   plus element j * bias_cs of the bias row brow[c], converted as
-//   logits_row converts it (the columns from bias_n on are padding).
+//   logits_row converts it (the columns from bias_n on are padding);
+// - a mask (mrow null: none): column c < bias_n's score of key j -inf
+//   where element j * mask_cs of the mask row mrow[c] is 0.
 template <typename Acc>
 struct ScoreCols {
   const Acc* slope = nullptr;
   const Acc* pos = nullptr;
   const char* const* brow = nullptr;
-  int64_t bias_n = 0, bias_cs = 0;
+  const uint8_t* const* mrow = nullptr;
+  int64_t bias_n = 0, bias_cs = 0, mask_cs = 0;
   DType bias_dtype = DType::f32;
 
-  bool any() const { return slope || brow; }
+  bool any() const { return slope || brow || mrow; }
   ScoreCols at(int64_t c) const {
     ScoreCols r = *this;
     if (slope) r.slope += c, r.pos += c;
-    if (brow) r.brow += c, r.bias_n = std::max<int64_t>(bias_n - c, 0);
+    if (brow) r.brow += c;
+    if (mrow) r.mrow += c;
+    r.bias_n = std::max<int64_t>(bias_n - c, 0);
     return r;
   }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
@@ -631,12 +637,30 @@ struct ScoreCols {
         Acc* row = st + j * ld;
         for (int64_t c = 0; c < cols; ++c) row[c] -= slope[c] * std::fabs(pos[c] - key);
       }
-    if (!brow) return;
-    switch (bias_dtype) {
-      case DType::bf16: return add_bias<bf16_t>(st, nj, cols, ld, key0);
-      case DType::f16: return add_bias<f16_t>(st, nj, cols, ld, key0);
-      case DType::f64: return add_bias<double>(st, nj, cols, ld, key0);
-      default: return add_bias<float>(st, nj, cols, ld, key0);
+    if (brow) switch (bias_dtype) {
+        case DType::bf16: add_bias<bf16_t>(st, nj, cols, ld, key0); break;
+        case DType::f16: add_bias<f16_t>(st, nj, cols, ld, key0); break;
+        case DType::f64: add_bias<double>(st, nj, cols, ld, key0); break;
+        default: add_bias<float>(st, nj, cols, ld, key0); break;
+      }
+    if (mrow) mask(st, nj, cols, ld, key0);
+  }
+  // The bits of -inf where masked, the score's where not: a branch on each
+  // mask byte would mispredict on any mask without long runs.
+  void mask(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
+    using Bits = typename std::conditional<sizeof(Acc) == 4, uint32_t, uint64_t>::type;
+    const Acc inf = neg_inf<Acc>();
+    Bits inf_bits;
+    std::memcpy(&inf_bits, &inf, sizeof inf_bits);
+    for (int64_t c = 0; c < std::min(cols, bias_n); ++c) {
+      const uint8_t* r = mrow[c] + key0 * mask_cs;
+      for (int64_t j = 0; j < nj; ++j) {
+        const Bits keep = Bits{0} - static_cast<Bits>(r[j * mask_cs] != 0);
+        Bits x;
+        std::memcpy(&x, st + j * ld + c, sizeof x);
+        x = (x & keep) | (inf_bits & ~keep);
+        std::memcpy(st + j * ld + c, &x, sizeof x);
+      }
     }
   }
   // Columns [c0, c1) over keys [j0, j1), one column at a time.
@@ -1038,7 +1062,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const bool keys_major_ranged = keys_major && ranged;
   bool amx_narrow = false;  // AmxTiles::narrow
   if constexpr (kAmxTiles<Tiles>)
-    amx_narrow = ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p);
+    amx_narrow = ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p) && !p.mask.data;
   const int64_t amx_w = round_up(mq, kLanes);
   // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
   const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
@@ -1057,7 +1081,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       hi_f[r] = r < mq ? static_cast<Acc>(std::max<int64_t>(hi[r], -1)) : Acc(0);
     }
   }
-  const bool alibi_cols = keys_major && p.alibi, bias_cols = keys_major && p.bias.data;
+  const bool alibi_cols = keys_major && p.alibi, bias_cols = keys_major && p.bias.data,
+             mask_cols = keys_major && p.mask.data;
   if (alibi_cols) {  // padding columns: slope 0
     for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(i0 + r % mqh + ctx[0].shift) : Acc(0);
     for (int64_t x = 0; x < nh; ++x)
@@ -1070,6 +1095,13 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       for (int64_t r = 0; r < ms; ++r) {
         const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
         brow[x * ms + r] = c.bias + (i0 + std::min(r, mq - 1) % mqh) * c.bias_rs * c.bias_es;
+      }
+  const uint8_t** mrow = reinterpret_cast<const uint8_t**>(ws.idx(L.row_mask));
+  if (mask_cols)
+    for (int64_t x = 0; x < nh; ++x)
+      for (int64_t r = 0; r < ms; ++r) {
+        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
+        mrow[x * ms + r] = c.mask + (i0 + std::min(r, mq - 1) % mqh) * c.mask_rs;
       }
   // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
   if (amx_narrow) {
@@ -1124,7 +1156,9 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
       ScoreCols<Acc> sc;
       if (alibi_cols) sc.slope = slope_f + x * ms, sc.pos = pos_f;
-      if (bias_cols) sc.brow = brow + x * ms, sc.bias_n = mq, sc.bias_cs = ctx[0].bias_cs, sc.bias_dtype = p.bias.dtype;
+      sc.bias_n = mq;
+      if (bias_cols) sc.brow = brow + x * ms, sc.bias_cs = ctx[0].bias_cs, sc.bias_dtype = p.bias.dtype;
+      if (mask_cols) sc.mrow = mrow + x * ms, sc.mask_cs = ctx[0].mask_cs;
       if (narrow) {
         narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, sc,
                        j0);
