@@ -645,22 +645,10 @@ struct ScoreCols {
       }
     if (mrow) mask(st, nj, cols, ld, key0);
   }
-  // The bits of -inf where masked, the score's where not: a branch on each
-  // mask byte would mispredict on any mask without long runs.
   void mask(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
-    using Bits = typename std::conditional<sizeof(Acc) == 4, uint32_t, uint64_t>::type;
-    const Acc inf = neg_inf<Acc>();
-    Bits inf_bits;
-    std::memcpy(&inf_bits, &inf, sizeof inf_bits);
     for (int64_t c = 0; c < std::min(cols, bias_n); ++c) {
       const uint8_t* r = mrow[c] + key0 * mask_cs;
-      for (int64_t j = 0; j < nj; ++j) {
-        const Bits keep = Bits{0} - static_cast<Bits>(r[j * mask_cs] != 0);
-        Bits x;
-        std::memcpy(&x, st + j * ld + c, sizeof x);
-        x = (x & keep) | (inf_bits & ~keep);
-        std::memcpy(st + j * ld + c, &x, sizeof x);
-      }
+      for (int64_t j = 0; j < nj; ++j) st[j * ld + c] = keep_or_neg_inf(st[j * ld + c], r[j * mask_cs] != 0);
     }
   }
   // Columns [c0, c1) over keys [j0, j1), one column at a time.

@@ -6,6 +6,22 @@ constexpr Acc neg_inf() { return -std::numeric_limits<Acc>::infinity(); }
 
 enum class TileKind { skip, full, partial };
 
+// x where keep, else -inf: the bits selected, not a branch, which
+// mispredicted on a random mask (f32, L = 2048, 70% kept: the backward
+// 1.10x faster without it, the forward's keys-major tiles 1.38x with it).
+template <typename Acc>
+inline Acc keep_or_neg_inf(Acc x, bool keep) {
+  using Bits = typename std::conditional<sizeof(Acc) == 4, uint32_t, uint64_t>::type;
+  const Acc inf = neg_inf<Acc>();
+  Bits xb, ib;
+  std::memcpy(&xb, &x, sizeof xb);
+  std::memcpy(&ib, &inf, sizeof ib);
+  const Bits k = Bits{0} - static_cast<Bits>(keep);
+  xb = (xb & k) | (ib & ~k);
+  std::memcpy(&x, &xb, sizeof x);
+  return x;
+}
+
 // One (batch, query head) pair: sequence bounds and the per-head inputs.
 template <typename Acc>
 struct HeadCtx {
@@ -100,8 +116,7 @@ struct HeadCtx {
       }
       if (mask) {
         const uint8_t* mrow = mask + i * mask_rs;
-        for (int64_t jj = 0; jj < nj; ++jj)
-          if (!mrow[(j0 + jj) * mask_cs]) s[jj] = neg_inf<Acc>();
+        for (int64_t jj = 0; jj < nj; ++jj) s[jj] = keep_or_neg_inf(s[jj], mrow[(j0 + jj) * mask_cs] != 0);
       }
     }
   }
