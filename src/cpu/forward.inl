@@ -606,18 +606,19 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
 //   |pos[c] - j|, where pos[c], the row's position i + shift, is exact in
 //   f32 (alibi_exact), so |pos[c] - j| is the integer distance logits_row
 //   converts;
-// - an additive bias (brow null: none): column c < bias_n's score of key j
-//   plus element j * bias_cs of the bias row brow[c], converted as
-//   logits_row converts it (the columns from bias_n on are padding);
-// - a mask (mrow null: none): column c < bias_n's score of key j -inf
-//   where element j * mask_cs of the mask row mrow[c] is 0.
+// - an additive bias (brow null: none): column c's score of key j plus
+//   element j * bias_cs of the bias row brow[c], converted as logits_row
+//   converts it;
+// - a mask (mrow null: none): column c's score of key j -inf where element
+//   j * mask_cs of the mask row mrow[c] is 0.
+// The bias and the mask leave the columns from rows on (padding) as they are.
 template <typename Acc>
 struct ScoreCols {
   const Acc* slope = nullptr;
   const Acc* pos = nullptr;
   const char* const* brow = nullptr;
   const uint8_t* const* mrow = nullptr;
-  int64_t bias_n = 0, bias_cs = 0, mask_cs = 0;
+  int64_t rows = 0, bias_cs = 0, mask_cs = 0;
   DType bias_dtype = DType::f32;
 
   bool any() const { return slope || brow || mrow; }
@@ -626,7 +627,7 @@ struct ScoreCols {
     if (slope) r.slope += c, r.pos += c;
     if (brow) r.brow += c;
     if (mrow) r.mrow += c;
-    r.bias_n = std::max<int64_t>(bias_n - c, 0);
+    r.rows = std::max<int64_t>(rows - c, 0);
     return r;
   }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
@@ -646,7 +647,7 @@ struct ScoreCols {
     if (mrow) mask(st, nj, cols, ld, key0);
   }
   void mask(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
-    for (int64_t c = 0; c < std::min(cols, bias_n); ++c) {
+    for (int64_t c = 0; c < std::min(cols, rows); ++c) {
       const uint8_t* r = mrow[c] + key0 * mask_cs;
       for (int64_t j = 0; j < nj; ++j) st[j * ld + c] = keep_or_neg_inf(st[j * ld + c], r[j * mask_cs] != 0);
     }
@@ -668,7 +669,7 @@ struct ScoreCols {
   static constexpr int64_t kBiasPanel = 16, kBiasKeys = 64;
   template <typename B>
   void add_bias(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
-    const int64_t n = std::min(cols, bias_n);
+    const int64_t n = std::min(cols, rows);
     int64_t c = 0;
 #if FG_VEC_GEMM
     if constexpr (std::is_same<Acc, float>::value && !std::is_same<B, double>::value) {
@@ -944,8 +945,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // 135.8 GFLOP/s).
     // A softcap caps S^T's rows where they lie (softcap_row: the same bits
     // as the row path's logits_row, so the backward's recomputed scores),
-    // and ALiBi and a bias follow (ScoreCols); the softmax then finds the
-    // new maxima itself.
+    // and ALiBi, a bias and a mask follow (ScoreCols); the softmax then
+    // finds the new maxima itself.
     const float cap = static_cast<float>(p.softcap);
     if (!cut && (cap > 0 || sc.any())) {
       gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
@@ -1071,26 +1072,23 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   }
   const bool alibi_cols = keys_major && p.alibi, bias_cols = keys_major && p.bias.data,
              mask_cols = keys_major && p.mask.data;
-  if (alibi_cols) {  // padding columns: slope 0
-    for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(i0 + r % mqh + ctx[0].shift) : Acc(0);
-    for (int64_t x = 0; x < nh; ++x)
-      for (int64_t r = 0; r < ms; ++r)
-        slope_f[x * ms + r] = r < mq ? ctx[static_cast<size_t>(x * plan.group + r / mqh)].slope : Acc(0);
-  }
+  // Stacked row r of K/V head x (padding rows as the last real one): its
+  // query head's context and its row i.
+  const auto head_of = [&](int64_t x, int64_t r) -> const HeadCtx<Acc>& {
+    return ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
+  };
+  const auto row_of = [&](int64_t r) { return i0 + std::min(r, mq - 1) % mqh; };
   const char** brow = reinterpret_cast<const char**>(ws.idx(L.row_bias));
-  if (bias_cols)
-    for (int64_t x = 0; x < nh; ++x)
-      for (int64_t r = 0; r < ms; ++r) {
-        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
-        brow[x * ms + r] = c.bias + (i0 + std::min(r, mq - 1) % mqh) * c.bias_rs * c.bias_es;
-      }
   const uint8_t** mrow = reinterpret_cast<const uint8_t**>(ws.idx(L.row_mask));
-  if (mask_cols)
-    for (int64_t x = 0; x < nh; ++x)
-      for (int64_t r = 0; r < ms; ++r) {
-        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + std::min(r, mq - 1) / mqh)];
-        mrow[x * ms + r] = c.mask + (i0 + std::min(r, mq - 1) % mqh) * c.mask_rs;
-      }
+  for (int64_t x = 0; x < nh; ++x)
+    for (int64_t r = 0; r < ms; ++r) {
+      const HeadCtx<Acc>& c = head_of(x, r);
+      if (alibi_cols) slope_f[x * ms + r] = r < mq ? c.slope : Acc(0);  // padding columns: slope 0
+      if (bias_cols) brow[x * ms + r] = c.bias + row_of(r) * c.bias_rs * c.bias_es;
+      if (mask_cols) mrow[x * ms + r] = c.mask + row_of(r) * c.mask_rs;
+    }
+  if (alibi_cols)
+    for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(row_of(r) + ctx[0].shift) : Acc(0);
   // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
   if (amx_narrow) {
     const int64_t dp = plan.dqk_pad / 2;
@@ -1144,7 +1142,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
       ScoreCols<Acc> sc;
       if (alibi_cols) sc.slope = slope_f + x * ms, sc.pos = pos_f;
-      sc.bias_n = mq;
+      sc.rows = mq;
       if (bias_cols) sc.brow = brow + x * ms, sc.bias_cs = ctx[0].bias_cs, sc.bias_dtype = p.bias.dtype;
       if (mask_cols) sc.mrow = mrow + x * ms, sc.mask_cs = ctx[0].mask_cs;
       if (narrow) {
