@@ -50,10 +50,18 @@ struct Philox {
     const uint32_t x = static_cast<uint32_t>(row0 + i);
 #if FG_PHILOX_X8
     // 8 blocks (32 columns) at a time; their words interleave as the columns.
-    for (uint32_t w[4][8]; n - jj > 8;) {
+    for (__m256i w[4]; n - jj > 8;) {
       const int64_t y = col0 + j0 + jj;
       philox_x8(static_cast<uint32_t>(y >> 2), x, bh, off, key0, key1, w);
-      for (int64_t e = y & 3; e < 32 && jj < n; ++e, ++jj) keep[jj] = w[e & 3][e >> 2] >= threshold ? 1 : 0;
+      const int64_t e = y & 3, m = std::min<int64_t>(32 - e, n - jj);
+      if (e == 0 && m == 32) {
+        philox_keep_x8(w, threshold, keep + jj);
+      } else {
+        uint8_t k[32];
+        philox_keep_x8(w, threshold, k);
+        std::memcpy(keep + jj, k + e, static_cast<size_t>(m));
+      }
+      jj += m;
     }
 #endif
     while (jj < n) {

@@ -134,16 +134,17 @@ inline void grad_row(float* s, float* dp, int64_t n, float lse, float delta) {
   }
 }
 
-// x[j] *= keep[j] / (1 - p): dropout applied to a row already computed.
-template <typename Acc>
-inline void keep_row(const uint8_t* keep, int64_t n, Acc inv_keep, Acc* x) {
-  for (int64_t j = 0; j < n; ++j) x[j] = keep[j] ? x[j] * inv_keep : Acc(0);
-}
-
 // x[j] = 0 where key j is dropped: dropout without its 1 / (1 - p), which the
 // caller applies once to the sums the row feeds (dropout_scale).
 template <typename Acc>
 inline void drop_row(const uint8_t* keep, int64_t n, Acc* x) {
-  for (int64_t j = 0; j < n; ++j)
-    if (!keep[j]) x[j] = Acc(0);
+  for (int64_t j = 0; j < n; ++j) x[j] = keep[j] ? x[j] : Acc(0);
+}
+
+// x[j] *= keep[j] / (1 - p): dropout applied to a row already computed. Two
+// passes: GCC (which keeps FP traps) leaves a product under a select scalar.
+template <typename Acc>
+inline void keep_row(const uint8_t* keep, int64_t n, Acc inv_keep, Acc* x) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv_keep;
+  drop_row(keep, n, x);
 }
