@@ -109,6 +109,8 @@ TilePlan plan_forward(const AttnParams& p, bool amx) {
   f.row_slope_f = c.take(rows_pad);
   f.row_bias = c.take(sat_mul(rows_pad, 8) / t.acc_bytes);  // a pointer per row
   f.row_mask = c.take(sat_mul(rows_pad, 8) / t.acc_bytes);
+  f.row_drop_x = c.take(ceil_div(sat_mul(round_up(t.block_q, kPad), 4), t.acc_bytes));
+  f.row_drop_bh = c.take(ceil_div(sat_mul(rows_pad, 4), t.acc_bytes));
   f.total = c.at;
   t.per_thread_bytes = round_up(sat_mul(f.total, t.acc_bytes), kAlign);
   t.shared_bytes = 0;

@@ -29,10 +29,11 @@ inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
 // Offsets are in elements from the start of the thread's slice.
 struct ForwardScratch {
   // qt: Q^T of every K/V head of a task for keys-major score tiles;
-  // row_m/l/alpha, row_slope_f, row_bias and row_mask (pointers): per K/V
-  // head a stride of round_up(block_q, kPad) rows.
+  // row_m/l/alpha, row_slope_f, row_bias and row_mask (pointers) and
+  // row_drop_bh (uint32): per K/V head a stride of round_up(block_q, kPad)
+  // rows; row_drop_x (uint32) one such stride.
   int64_t q, qt, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, row_lo_f, row_hi_f, row_pos_f,
-      row_slope_f, row_bias, row_mask, total;
+      row_slope_f, row_bias, row_mask, row_drop_x, row_drop_bh, total;
   // Shared, when the keys are split: partial out [splits, batch, heads_q, seqlen_q, dv]
   // and lse [splits, batch, heads_q, seqlen_q], from the start of the shared region.
   int64_t part_o, part_lse;

@@ -146,8 +146,8 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
 // Query tiles of one to four rows (decode: Lq = 1, MHA or 2-4 query heads
 // per K/V head) read V rows in place when dv is a multiple of 32; K rows
 // with d = 64 are transposed where they lie, the last Lk mod 16 through
-// staging. On avx2 plain scores at 3 and 4 rows take the narrow tiles, and
-// the second case (dropout: the row path) whole rows.
+// staging. On avx2 3 and 4 rows take the narrow tiles (the last case with
+// dropout drawn on P^T's columns), 1 and 2 rows whole rows.
 TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
   for (DType t : {DType::f32, DType::bf16, DType::f16})
     for (int64_t group : {1, 2, 3, 4})

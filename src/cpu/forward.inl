@@ -397,8 +397,8 @@ template <>
 constexpr bool kAmxTiles<AmxTiles> = true;
 #endif
 
-// Keys-major score tiles: tiles without dropout (full, or cut by the causal
-// and window ranges or a mask; with softcap, ALiBi and bias or not) of query tiles
+// Keys-major score tiles: tiles (full, or cut by the causal and window
+// ranges or a mask; with softcap, ALiBi, bias and dropout or not) of query tiles
 // with at least kKeysMajorRows rows compute
 // S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
@@ -464,7 +464,7 @@ template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
 #if FG_VEC_GEMM
   return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
-         (!p.alibi || alibi_exact(p)) && p.dropout_p == 0;
+         (!p.alibi || alibi_exact(p));
 #else
   (void)p;
   return false;
@@ -620,6 +620,12 @@ struct ScoreCols {
   const uint8_t* const* mrow = nullptr;
   int64_t rows = 0, bias_cs = 0, mask_cs = 0;
   DType bias_dtype = DType::f32;
+  // Dropout, which acts on P^T after the softmax (dropout below): column c
+  // draws as Philox::keep_row's row drop_x[c] of head drop_bh[c]; rng holds
+  // what the heads share. Null when off.
+  const uint32_t* drop_x = nullptr;
+  const uint32_t* drop_bh = nullptr;
+  const Philox* rng = nullptr;
 
   bool any() const { return slope || brow || mrow; }
   ScoreCols at(int64_t c) const {
@@ -627,8 +633,24 @@ struct ScoreCols {
     if (slope) r.slope += c, r.pos += c;
     if (brow) r.brow += c;
     if (mrow) r.mrow += c;
+    if (drop_x) r.drop_x += c, r.drop_bh += c;
     r.rows = std::max<int64_t>(rows - c, 0);
     return r;
+  }
+  // P^T [nj, cols] (row stride ld) holds keys key0.. in its rows: each
+  // column's dropped keys are zeroed, the bits keep_row gives its row. The
+  // 1 / (1 - p) is the output's (dropout_scale).
+  void dropout(Acc* pt, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
+    if (!drop_x) return;
+#if FG_PHILOX_X8
+    FG_DASSERT(cols % 8 == 0);  // whole vectors of query rows
+    for (int64_t c = 0; c < cols; c += 8)
+      philox_drop_x8(drop_x + c, drop_bh + c, rng->off, rng->key0, rng->key1, rng->threshold, rng->col0 + key0, nj,
+                     pt + c, ld);
+#else
+    static_assert(!FG_VEC_GEMM, "keys-major tiles draw dropout's bits in vectors (philox_drop_x8)");
+    (void)pt, (void)nj, (void)cols, (void)ld, (void)key0;
+#endif
   }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
   void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
@@ -777,6 +799,7 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
   if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
   sc.apply(st, nj, W, W, j0);
   softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
+  sc.dropout(st, nj, W, W, j0);
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
   else
@@ -955,6 +978,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
       sc.apply(st, nj, ms, mld, j0);
       ahead(p.k, p.head_dim);
       softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0));
+      sc.dropout(st, nj, ms, mld, j0);
       ahead(p.v, p.head_dim_v);
       gemm_nn_acc(mq, dv, nj, st, 1, mld, v, dv, o, dv, alpha, nullptr);
       return;
@@ -964,6 +988,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
       gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, alpha);
       ahead(p.k, p.head_dim);
       softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0), alpha);
+      sc.dropout(st, nj, ms, mld, j0);
       ahead(p.v, p.head_dim_v);
       gemm_nn_acc(mq, dv, nj, st, 1, mld, v, dv, o, dv, alpha, nullptr);
       return;
@@ -979,6 +1004,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     ahead(p.k, p.head_dim);
     const int64_t c0 = cut->pv[0];
     softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, lo + c0, hi + c0, static_cast<float>(j0));
+    sc.at(c0).dropout(st + c0, nj, ms - c0, mld, j0);
     ahead(p.v, p.head_dim_v);
     for (int64_t u = 0; u < cut->bands; ++u) {
       const int64_t r0 = cut->pv[u], r1 = cut->pv[u + 1];
@@ -1071,7 +1097,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
   }
   const bool alibi_cols = keys_major && p.alibi, bias_cols = keys_major && p.bias.data,
-             mask_cols = keys_major && p.mask.data;
+             mask_cols = keys_major && p.mask.data, drop_cols = keys_major && ctx[0].rng.active;
   // Stacked row r of K/V head x (padding rows as the last real one): its
   // query head's context and its row i.
   const auto head_of = [&](int64_t x, int64_t r) -> const HeadCtx<Acc>& {
@@ -1080,15 +1106,20 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const auto row_of = [&](int64_t r) { return i0 + std::min(r, mq - 1) % mqh; };
   const char** brow = reinterpret_cast<const char**>(ws.idx(L.row_bias));
   const uint8_t** mrow = reinterpret_cast<const uint8_t**>(ws.idx(L.row_mask));
+  uint32_t *drop_x = reinterpret_cast<uint32_t*>(ws.idx(L.row_drop_x)),
+           *drop_bh = reinterpret_cast<uint32_t*>(ws.idx(L.row_drop_bh));
   for (int64_t x = 0; x < nh; ++x)
     for (int64_t r = 0; r < ms; ++r) {
       const HeadCtx<Acc>& c = head_of(x, r);
       if (alibi_cols) slope_f[x * ms + r] = r < mq ? c.slope : Acc(0);  // padding columns: slope 0
       if (bias_cols) brow[x * ms + r] = c.bias + row_of(r) * c.bias_rs * c.bias_es;
       if (mask_cols) mrow[x * ms + r] = c.mask + row_of(r) * c.mask_rs;
+      if (drop_cols) drop_bh[x * ms + r] = c.rng.bh;
     }
-  if (alibi_cols)
-    for (int64_t r = 0; r < ms; ++r) pos_f[r] = r < mq ? static_cast<Acc>(row_of(r) + ctx[0].shift) : Acc(0);
+  for (int64_t r = 0; r < ms; ++r) {
+    if (alibi_cols) pos_f[r] = r < mq ? static_cast<Acc>(row_of(r) + ctx[0].shift) : Acc(0);
+    if (drop_cols) drop_x[r] = static_cast<uint32_t>(ctx[0].rng.row0 + row_of(r));
+  }
   // AmxTiles::narrow's Q^T per K/V head: [dqk_pad / 2, amx_w] pairs in memory order, zero past row mq.
   if (amx_narrow) {
     const int64_t dp = plan.dqk_pad / 2;
@@ -1145,6 +1176,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       sc.rows = mq;
       if (bias_cols) sc.brow = brow + x * ms, sc.bias_cs = ctx[0].bias_cs, sc.bias_dtype = p.bias.dtype;
       if (mask_cols) sc.mrow = mrow + x * ms, sc.mask_cs = ctx[0].mask_cs;
+      if (drop_cols) sc.drop_x = drop_x, sc.drop_bh = drop_bh + x * ms, sc.rng = &ctx[0].rng;
       if (narrow) {
         narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, sc,
                        j0);
