@@ -1,11 +1,11 @@
 // Philox4x32-10 (rng.inl, Philox::block) for 8 counters at once. philox_x8:
 // counter words c0 + 0..7, c1, x2 and x3 shared, out[w] holding word w of
-// each of the 8 blocks. The same integer operations as the scalar form, so the same bits.
-// Shared by the AVX2 and AVX-512 layers (the latter not timed). Against the
-// scalar form, dropout 0.1, f32, L = 2048, 8 heads, 2 threads, Zen 3,
-// `flashgrad ab`, medians of 5-7 pair ratios, outputs bit for bit the same:
-// d = 64 forward 1.35x, backward 1.19x; d = 128 1.31x, 1.15x; bf16 causal
-// d = 64 forward+backward 1.14x.
+// each of the 8 blocks. The same integer operations as the scalar form, so
+// the same bits. Shared by the AVX2 and AVX-512 layers (the latter not
+// timed). Against the scalar form, dropout 0.1, f32, L = 2048, 8 heads, 2
+// threads, Zen 3, `flashgrad ab`, medians of 5-7 pair ratios, outputs bit
+// for bit the same: d = 64 forward 1.35x, backward 1.19x; d = 128 1.31x,
+// 1.15x; bf16 causal d = 64 forward+backward 1.14x.
 
 inline void philox_mul(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
   const __m256i even = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6 as 64 bits
