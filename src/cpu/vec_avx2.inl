@@ -33,9 +33,10 @@ constexpr bool kNarrowPrefetchNext = true;
 // 8.5, 7 rows 7.2 -> 12.1; bf16 3 rows 7.1 -> 7.9, 4 rows 6.7 -> 7.2, 6
 // rows 4.3 -> 6.5; Lk = 4096 f32 3 / 5 rows 6.4 / 4.9 -> 8.6 / 6.8, bf16
 // 6.5 / 3.6 -> 6.8 / 6.4). At 2 rows the whole-row products stay ahead in
-// bf16 (7.8 -> 6.5), at 1 in both (f32 12.0 -> 9.6). Scores with ALiBi,
-// bias or dropout keep the row path (and whole rows up to 4); softcapped
-// ones take the narrow tiles too (forward.inl, narrow_products).
+// bf16 (7.8 -> 6.5), at 1 in both (f32 12.0 -> 9.6). Softcapped, ALiBi,
+// bias, masked and dropout scores take the narrow tiles too (forward.inl,
+// narrow_products); ALiBi whose positions f32 cannot hold keeps the row
+// path (and whole rows up to 4).
 constexpr int64_t kNarrowMinRows = 3;
 constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
 constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
