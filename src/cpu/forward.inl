@@ -612,6 +612,8 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
 // - a mask (mrow null: none): column c's score of key j -inf where element
 //   j * mask_cs of the mask row mrow[c] is 0.
 // The bias and the mask leave the columns from rows on (padding) as they are.
+// After the softmax, dropout (dropout below) does to P^T's columns what
+// dropout_row does to a row of P.
 template <typename Acc>
 struct ScoreCols {
   const Acc* slope = nullptr;
