@@ -97,7 +97,7 @@ void backward(const Options& opts, const TensorView& q, const TensorView& k, con
   AttnParams p = make_params("backward", CallKind::backward, opts, t);
   resolve(p);
   const KernelTable& kt = kernels();
-  const TilePlan plan = plan_backward(p, kt.isa == Isa::amx);
+  const TilePlan plan = plan_backward(p, pair_backward(kt.isa, p));
   Workspace ws("backward", plan.total_bytes());
   if (p.dbias.data) zero_strided(*grads.dbias);
   kt.backward(p, plan, ws.data());
@@ -116,7 +116,7 @@ int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const
   CallTensors t{&q, &k, &v};
   AttnParams p = make_params("backward_workspace_bytes", CallKind::workspace, opts, t);
   resolve(p);
-  return plan_backward(p, kernels().isa == Isa::amx).total_bytes();
+  return plan_backward(p, pair_backward(kernels().isa, p)).total_bytes();
 }
 
 void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int64_t seqlen_q,

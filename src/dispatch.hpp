@@ -2,11 +2,11 @@
 // once per ISA; the table for the best ISA the CPU has is chosen once, at first
 // use. FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16|amx forces one.
 //
-// avx512bf16 is avx512 with bf16 storage's forward on AVX512_BF16 dot
-// products. It is never chosen on its own: on the Intel CPU it was measured
-// on (Emerald Rapids) vdpbf16ps issues once per two cycles, half the f32 FMA
-// rate, and FMAs mixed in do not overlap it, so its forward is slower than
-// avx512's f32 tiles (docs/design.md, "bf16 on AVX512_BF16").
+// avx512bf16 is avx512 with bf16 storage's products on AVX512_BF16 dot
+// products, in both passes (dot_call). It is chosen where vdpbf16ps issues
+// as fast as the f32 FMA (AMD's Zen 4 and Zen 5), not on Intel's CPUs
+// without AMX, where it issues at half that rate and the f32 tiles are
+// faster (docs/design.md, "bf16 on AVX512_BF16").
 //
 // amx is avx512 with bf16 storage's forward products and the backward's
 // recomputed S on AMX-BF16 tiles, chosen where the CPU and the OS allow it
@@ -37,12 +37,17 @@ bool cpu_supports(Isa isa);
 // ISAs this CPU can run, in enum order.
 std::vector<Isa> supported_isas();
 // The ISA kernels() uses when FLASHGRAD_ISA is not set: the best this CPU
-// has (amx over avx512), avx512bf16 aside.
+// has (amx over avx512bf16 over avx512), avx512bf16 only at full rate.
 Isa default_isa();
 // The table in use (honours FLASHGRAD_ISA; throws Error if it names an ISA the CPU lacks).
 const KernelTable& kernels();
 // A specific table, for tests that run every ISA. Throws Error if unsupported.
 const KernelTable& kernels_for(Isa isa);
+// Whether isa's backward of p runs on bf16 pair products (amx_call on amx,
+// dot_call on avx512bf16): the argument plan_backward takes.
+inline bool pair_backward(Isa isa, const AttnParams& p) {
+  return (isa == Isa::amx && amx_call(p)) || (isa == Isa::avx512bf16 && dot_call(p));
+}
 
 namespace cpu {
 namespace scalar { extern const KernelTable table; }

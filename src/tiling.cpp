@@ -124,7 +124,7 @@ TilePlan plan_forward(const AttnParams& p, bool amx) {
   return t;
 }
 
-TilePlan plan_backward(const AttnParams& p, bool amx) {
+TilePlan plan_backward(const AttnParams& p, bool pairs) {
   TilePlan t;
   choose_blocks(p, t);
   // 128-key tiles halve the Q and dO loads per FLOP of the dK/dV walk: 1
@@ -161,7 +161,7 @@ TilePlan plan_backward(const AttnParams& p, bool amx) {
   g.row_b = c.take(bq);
   g.row_lo = c.take(bq * 8 / t.acc_bytes);
   g.row_hi = c.take(bq * 8 / t.acc_bytes);
-  if (amx && amx_call(p)) {
+  if (pairs) {
     const int64_t bq_pairs = round_up(bq, kPad);
     g.q_pairs = c.take(bq_pairs * t.dqk_pad / 2);
     g.dout_pairs = c.take(bq_pairs * t.dv_pad / 2);

@@ -48,7 +48,7 @@ struct BackwardScratch {
   // dout_pairs hold a query block's q and dO as bf16 pairs [bq, d / 2],
   // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
-  int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // amx plans only
+  int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // pair-product plans only
   int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
 };
 
@@ -102,9 +102,21 @@ struct TilePlan {
 inline bool amx_call(const AttnParams& p) {
   return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 3;
 }
+// Whether the avx512bf16 path runs a call on AVX512_BF16 dot products (both
+// passes, so the backward recomputes the forward's scores bit for bit): bf16
+// with at least 32 query rows per K/V head. Fewer take the avx512 path's
+// narrow and decode tiles, which read bf16 K and V where they lie, where
+// the dot products' row tiles pad to 32 rows and re-lay K and V as pairs
+// (decode, d = 128, 8 heads, 2 threads, K+V read per second, Lk = 4096 /
+// 64k, narrow against dot: Lq = 8 6.4 / 6.8 against 5.1 / 5.0 GB/s, Lq =
+// 16 6.5 / 5.9 against 4.0 / 4.5).
+inline bool dot_call(const AttnParams& p) {
+  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 32;
+}
 // amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
 TilePlan plan_forward(const AttnParams& p, bool amx);
-// amx: as for plan_forward; the AMX backward's pair buffers are laid out only then.
-TilePlan plan_backward(const AttnParams& p, bool amx);
+// pairs: the call's backward runs on bf16 pair products (pair_backward in
+// dispatch.hpp), whose buffers are laid out only then.
+TilePlan plan_backward(const AttnParams& p, bool pairs);
 
 }  // namespace flashgrad

@@ -111,9 +111,10 @@ namespace flashgrad::vec_bf16_test {
 #include "cpu/vec_avx512.inl"
 
 // c = mul * a b through the pair layouts the forward uses: rows of a as
-// pairs (load_bf16_pairs), k rows of b interleaved two by two.
+// pairs (load_bf16_pairs), k rows of b interleaved two by two; with c0,
+// c = c0 + a b as the backward accumulates (mul 1).
 std::vector<float> gemm_pairs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int64_t m,
-                              int64_t n, int64_t k, float mul) {
+                              int64_t n, int64_t k, float mul, const std::vector<float>* c0 = nullptr) {
   const int64_t kp = (k + 1) / 2, lda = (kp + 15) / 16 * 16;
   std::vector<uint32_t> ap(static_cast<size_t>(m * lda)), bp(static_cast<size_t>(kp * n));
   for (int64_t r = 0; r < m; ++r) load_bf16_pairs(a.data() + r * k, k, lda, ap.data() + r * lda);
@@ -121,7 +122,12 @@ std::vector<float> gemm_pairs(const std::vector<uint16_t>& a, const std::vector<
     interleave_bf16_rows(b.data() + 2 * x * n, 2 * x + 1 < k ? b.data() + (2 * x + 1) * n : nullptr, n, n,
                          bp.data() + x * n);
   std::vector<float> c(static_cast<size_t>(m * n));
-  gemm_bf16(m, n, kp, ap.data(), lda, bp.data(), n, c.data(), n, mul);
+  if (c0) {
+    c = *c0;
+    gemm_bf16<true>(m, n, kp, ap.data(), lda, bp.data(), n, c.data(), n, 1.0f);
+  } else {
+    gemm_bf16(m, n, kp, ap.data(), lda, bp.data(), n, c.data(), n, mul);
+  }
   return c;
 }
 
@@ -160,6 +166,31 @@ TEST(Bf16Pairs, DotProductsRunInIndexOrderAsTheF32Fmas) {
         for (int64_t p = 0; p < k; ++p)
           acc = std::fma(scale * bf16_value(a[r * k + p]), bf16_value(b[p * n + c]), acc);
         ASSERT_EQ(got[static_cast<size_t>(r * n + c)], acc) << "k " << k << " row " << r << " col " << c;
+      }
+  }
+}
+
+// The backward's accumulating form: each product summed from zero in index
+// order, then added to C with one rounding (m = 14: a 12-row block and a
+// 2-row rest).
+TEST(Bf16Pairs, AccumulatingProductsAddTheSumToC) {
+  if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  std::mt19937 gen(9);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int64_t k : {1, 31, 64}) {
+    const int64_t m = 14, n = 32;
+    std::vector<uint16_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+    for (auto& x : a) x = bf16_from(nd(gen)).bits;
+    for (auto& x : b) x = bf16_from(nd(gen)).bits;
+    std::vector<float> c0(static_cast<size_t>(m * n));
+    for (auto& x : c0) x = 100.0f * nd(gen);
+    const std::vector<float> got = vec_bf16_test::gemm_pairs(a, b, m, n, k, 1.0f, &c0);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        float acc = 0;
+        for (int64_t p = 0; p < k; ++p) acc = std::fma(bf16_value(a[r * k + p]), bf16_value(b[p * n + c]), acc);
+        const size_t i = static_cast<size_t>(r * n + c);
+        ASSERT_EQ(got[i], c0[i] + acc) << "k " << k << " row " << r << " col " << c;
       }
   }
 }

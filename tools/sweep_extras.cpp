@@ -173,8 +173,8 @@ void run_overhead(Sweep& s) {
   for (const bool bwd : {false, true}) {
     AttnParams params = make_params("sweep", bwd ? CallKind::backward : CallKind::forward, p.opts, bwd ? bwd_t : fwd_t);
     params.num_threads = resolve_threads(params.num_threads);
-    const bool amx = kernels().isa == Isa::amx;
-    const TilePlan plan = bwd ? plan_backward(params, amx) : plan_forward(params, amx);
+    const Isa isa = kernels().isa;
+    const TilePlan plan = bwd ? plan_backward(params, pair_backward(isa, params)) : plan_forward(params, isa == Isa::amx);
     Workspace ws("sweep", plan.total_bytes());
     auto api = [&](const Options& opts) {
       return [&, opts] {

@@ -94,8 +94,8 @@ const char* fg_last_error(void);
 /* The library's version, "major.minor.patch". */
 const char* fg_version(void);
 
-/* The kernel path: "amx", "avx512", "avx2" or "scalar" by default,
-   "avx512bf16" when FLASHGRAD_ISA forces it; NULL on error. */
+/* The kernel path: "amx", "avx512bf16", "avx512", "avx2" or "scalar"
+   (FLASHGRAD_ISA forces one); NULL on error. */
 const char* fg_isa(void);
 
 #ifdef __cplusplus

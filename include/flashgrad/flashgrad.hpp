@@ -163,8 +163,9 @@ void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int6
 const char* version();
 
 // The kernel path in use: "amx" (avx512 with bf16's products on AMX tiles),
-// "avx512", "avx2" or "scalar". FLASHGRAD_ISA forces one of them, or
-// "avx512bf16" (an ISA the CPU lacks is an error at first use).
+// "avx512bf16" (avx512 with bf16's products on AVX512_BF16 dot products),
+// "avx512", "avx2" or "scalar". FLASHGRAD_ISA forces one of them (an ISA the
+// CPU lacks is an error at first use).
 const char* isa_name();
 int max_threads();
 

@@ -287,7 +287,7 @@ def backward_workspace_bytes(q, k, v, **options) -> int:
 
 
 def isa() -> str:
-    """The kernel path in use: "amx", "avx512", "avx2" or "scalar" (FLASHGRAD_ISA forces one, also "avx512bf16")."""
+    """The kernel path in use: "amx", "avx512bf16", "avx512", "avx2" or "scalar" (FLASHGRAD_ISA forces one)."""
     return _ext.isa()
 
 

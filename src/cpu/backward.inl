@@ -62,10 +62,11 @@ KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind ki
 }
 
 // The backward's tile products. F32Backward: f32 tiles, q pre-scaled
-// (every path but amx's bf16). AmxBackward (below): AMX-BF16 tiles.
+// (every path but bf16 on amx and avx512bf16). PairBackward (below): bf16
+// pair products, on AMX tiles or AVX512_BF16 dot products.
 template <typename T, typename Acc>
 struct F32Backward {
-  static constexpr bool kAmx = false;
+  static constexpr bool kPairs = false;
   F32Backward(const TilePlan&, Slice<Acc>) {}
   // s [mq, lds] = (scale q) k^T and dp [mq, lds] = dO v^T for the keys at
   // columns a.. of kt and vt (all row stride bk_ld).
@@ -79,9 +80,47 @@ struct F32Backward {
   }
 };
 
+#if FG_BF16_DOT
+// The pair products' two engines: c [m, n] = mul * a b, or c += a b when
+// Add, over kp pairs (Bf16DotTiles' layouts). Each computes S as its
+// forward does, so S is bit for bit the forward's and S - lse <= 0 holds,
+// where an f32 recompute differs by rounding (docs/design.md).
+//   DotProducts  vdpbf16ps (gemm_bf16), the scale on S in f32, as Bf16DotTiles
+//   AmxProducts  AMX tiles (gemm_amx), the scale on q's pairs when it is a
+//                power of two, else on S after, as AmxTiles
+struct DotProducts {
+  static float s_mul(const AttnParams& p) { return static_cast<float>(p.scale); }
+  static void scale_q(const AttnParams&, uint32_t*, int64_t) {}
+  template <bool Add>
+  static void gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                   float* c, int64_t ldc, float mul = 1.0f) {
+    gemm_bf16<Add>(m, n, kp, a, lda, b, ldb, c, ldc, mul);
+  }
+};
+
 #if FG_AMX
-// bf16 on the amx path: all five products on AMX tiles (gemm_amx), from
-// pair layouts (Bf16DotTiles):
+struct AmxProducts {
+  AmxProducts() { amx_configure(); }
+  ~AmxProducts() { _tile_release(); }
+  AmxProducts(const AmxProducts&) = delete;
+  AmxProducts& operator=(const AmxProducts&) = delete;
+  static float s_mul(const AttnParams& p) { return AmxTiles::scale_on_q(p) ? 1.0f : static_cast<float>(p.scale); }
+  static void scale_q(const AttnParams& p, uint32_t* qp, int64_t n) {
+    if (AmxTiles::scale_on_q(p)) AmxTiles::scale_pairs(qp, n, static_cast<float>(p.scale));
+  }
+  template <bool Add>
+  static void gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                   float* c, int64_t ldc, float mul = 1.0f) {
+    gemm_amx<Add>(m, n, kp, a, lda, b, ldb, c, ldc);
+    if (mul == 1.0f) return;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t x = 0; x < n; ++x) c[r * ldc + x] *= mul;
+  }
+};
+#endif
+
+// bf16 on the amx and avx512bf16 paths: all five products on bf16 pairs
+// (Bf16DotTiles' layouts):
 //   S  = q K^T      q as row pairs [mq, dqk_pad / 2], K^T pairs [dqk_pad / 2, bk_ld]
 //   dP = dO V^T     dO as row pairs, V^T pairs [dv_pad / 2, bk_ld]
 //   dV^T += dO^T P  dO^T as pairs of query rows [dv_pad, mh], P as pairs of
@@ -89,17 +128,15 @@ struct F32Backward {
 //   dK^T += Q^T dS  likewise (q unscaled: dK takes the scale when stored)
 //   dQ += dS K      dS rows rounded to pairs in place, K as pairs of key rows
 //                   [bk_pad / 2, dqk_pad]
-// S is computed exactly as AmxTiles' forward computes it (the same pairs,
-// 16-pair steps from a zeroed accumulator, the scale in f32 after or, a
-// power of two, on q's pairs before), so it
-// is bit for bit the forward's and S - lse <= 0 holds: an f32 recompute
-// differs by rounding (docs/design.md). P and dS meet the products rounded
-// to bf16, as the naive bf16 computation rounds them.
-struct AmxBackward {
-  static constexpr bool kAmx = true;
+// P and dS meet the products rounded to bf16, as the naive bf16
+// computation rounds them.
+template <typename Products>
+struct PairBackward {
+  static constexpr bool kPairs = true;
+  Products products;
   uint32_t *qp, *dop, *qtp, *dotp, *pp, *dsp;
   int64_t mh = 0;
-  AmxBackward(const TilePlan& plan, Slice<float> ws)
+  PairBackward(const TilePlan& plan, Slice<float> ws)
       : qp(words(ws.at(plan.bwd.q_pairs))),
         dop(words(ws.at(plan.bwd.dout_pairs))),
         qtp(words(ws.at(plan.bwd.q))),
@@ -107,11 +144,7 @@ struct AmxBackward {
         pp(words(ws.at(plan.bwd.pairs))),
         dsp(words(ws.at(plan.bwd.pairs) + round_up(plan.block_q, kPad) / 2 * plan.bk_ld)) {
     FG_DASSERT(plan.bwd.pairs > 0);  // plan_backward(p, true)
-    amx_configure();
   }
-  ~AmxBackward() { _tile_release(); }
-  AmxBackward(const AmxBackward&) = delete;
-  AmxBackward& operator=(const AmxBackward&) = delete;
   static uint32_t* words(float* x) { return reinterpret_cast<uint32_t*>(x); }
   static const uint32_t* words(const float* x) { return reinterpret_cast<const uint32_t*>(x); }
 
@@ -125,7 +158,7 @@ struct AmxBackward {
       Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
       Bf16DotTiles::load_pairs(p.dout, ctx.b, q0 + r, ctx.h, p.head_dim_v, dvp, dop + r * dvp);
     }
-    if (AmxTiles::scale_on_q(p)) AmxTiles::scale_pairs(qp, qb.mq * dp, static_cast<float>(p.scale));
+    Products::scale_q(p, qp, qb.mq * dp);
     mh = round_up(qb.mq, kPad) / 2;
     if (!transposed) return;
     Bf16DotTiles::load_pair_rows(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, mh, plan.dqk_pad, words(stage));
@@ -145,16 +178,12 @@ struct AmxBackward {
   void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<float>& qb, const float* kt, int64_t a,
           int64_t lds, float* s) const {
     const int64_t dp = plan.dqk_pad / 2, ld = plan.bk_ld;
-    gemm_amx(qb.mq, lds, dp, qp, dp, words(kt) + a, ld, s, ld);
-    if (AmxTiles::scale_on_q(p)) return;
-    const float scale = static_cast<float>(p.scale);
-    for (int64_t r = 0; r < qb.mq; ++r)
-      for (int64_t c = 0; c < lds; ++c) s[r * ld + c] *= scale;
+    Products::template gemm<false>(qb.mq, lds, dp, qp, dp, words(kt) + a, ld, s, ld, Products::s_mul(p));
   }
   void dov(const AttnParams&, const TilePlan& plan, const QueryBlock<float>& qb, const float* vt, int64_t a,
            int64_t lds, float* dp) const {
     const int64_t dvp = plan.dv_pad / 2;
-    gemm_amx(qb.mq, lds, dvp, dop, dvp, words(vt) + a, plan.bk_ld, dp, plan.bk_ld);
+    Products::template gemm<false>(qb.mq, lds, dvp, dop, dvp, words(vt) + a, plan.bk_ld, dp, plan.bk_ld);
   }
   // dv^T += dO^T P and dk^T += Q^T dS over the keys at columns a..a + lds
   // of the accumulators ([dv_pad or dqk_pad, bk_pad]); P in s and dS in ds.
@@ -171,8 +200,8 @@ struct AmxBackward {
       interleave_f32_rows(s + 2 * x * ld, two ? s + (2 * x + 1) * ld : nullptr, lds, pp + x * ld);
       interleave_f32_rows(ds + 2 * x * ld, two ? ds + (2 * x + 1) * ld : nullptr, lds, dsp + x * ld);
     }
-    gemm_amx<true>(plan.dv_pad, lds, mh, dotp, mh, pp, ld, dvt + a, plan.bk_pad);
-    gemm_amx<true>(plan.dqk_pad, lds, mh, qtp, mh, dsp, ld, dkt + a, plan.bk_pad);
+    Products::template gemm<true>(plan.dv_pad, lds, mh, dotp, mh, pp, ld, dvt + a, plan.bk_pad);
+    Products::template gemm<true>(plan.dqk_pad, lds, mh, qtp, mh, dsp, ld, dkt + a, plan.bk_pad);
   }
   // dq [mq, dqk_pad] (row stride ldq) += dS K over the keys at a..a + lds;
   // ds's rows become bf16 pairs in place.
@@ -180,8 +209,8 @@ struct AmxBackward {
           const float* k_rows, float* dq, int64_t ldq) const {
     const int64_t ld = plan.bk_ld;
     for (int64_t r = 0; r < qb.mq; ++r) round_bf16_pairs(ds + r * ld, lds);
-    gemm_amx<true>(qb.mq, plan.dqk_pad, lds / 2, words(ds), ld, words(k_rows) + a / 2 * plan.dqk_pad,
-                   plan.dqk_pad, dq, ldq);
+    Products::template gemm<true>(qb.mq, plan.dqk_pad, lds / 2, words(ds), ld, words(k_rows) + a / 2 * plan.dqk_pad,
+                                  plan.dqk_pad, dq, ldq);
   }
 };
 #endif
@@ -281,7 +310,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp), *k = ws.at(L.k);
   // The accumulators: dK [nj, ldq] and dV [nj, ldv], or on AMX dK^T and dV^T [pad, bk_pad].
   int64_t dk_n = nj * ldq, dv_n = nj * ldv;
-  if constexpr (Bwd::kAmx) {
+  if constexpr (Bwd::kPairs) {
     bwd.load_kv(p, plan, b, k0, hk, nj, kt, vt, dq_acc ? k : nullptr, tmp);
     dk_n = ldq * plan.bk_pad;
     dv_n = ldv * plan.bk_pad;
@@ -306,8 +335,8 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       row_ranges(ctx, qb);
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
-      load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kAmx);
-      if constexpr (Bwd::kAmx) bwd.load_q(p, plan, ctx, qb, true, tmp);
+      load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kPairs);
+      if constexpr (Bwd::kPairs) bwd.load_q(p, plan, ctx, qb, true, tmp);
       // The next query block's rows (or the next head's first) into L2 while this one computes.
       const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
       if (hn < (hk + 1) * group) {
@@ -319,7 +348,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, bwd, kt, vt, ks.a, s, dp, t,
                 nullptr);
       Acc* dq_rows = dq_acc ? dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq : nullptr;
-      if constexpr (Bwd::kAmx) {
+      if constexpr (Bwd::kPairs) {
         const int64_t lds = round_up(ks.w, kPad);
         bwd.dk_dv(plan, qb, ks.a, lds, s, dp, dk, dv);
         if (dq_rows) bwd.dq(plan, qb, ks.a, lds, dp, k, dq_rows, ldq);
@@ -333,7 +362,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
     }
   }
   Acc dk_mul = Acc(1);
-  if constexpr (Bwd::kAmx) {  // back to rows; dK takes the scale its unscaled q left out
+  if constexpr (Bwd::kPairs) {  // back to rows; dK takes the scale its unscaled q left out
     transpose(ldq, plan.bk_pad, dk, plan.bk_pad, tmp, ldq);
     std::memcpy(dk, tmp, static_cast<size_t>(nj * ldq) * sizeof(Acc));
     transpose(ldv, plan.bk_pad, dv, plan.bk_pad, tmp, ldv);
@@ -360,8 +389,8 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
   Acc *k = ws.at(L.k), *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp);
   Acc *t = ws.at(L.t), *dq = ws.at(L.acc_a), *tmp = ws.at(L.tmp);
   row_ranges(ctx, qb);
-  load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kAmx);
-  if constexpr (Bwd::kAmx) bwd.load_q(p, plan, ctx, qb, false, tmp);
+  load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kPairs);
+  if constexpr (Bwd::kPairs) bwd.load_q(p, plan, ctx, qb, false, tmp);
   for (int64_t x = 0; x < qb.mq * ldq; ++x) dq[x] = Acc(0);
   void* dbias_rows = nullptr;
   if (p.dbias.data) {
@@ -376,7 +405,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const int64_t nj = std::min(plan.block_k, ctx.lk - j0);
     const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
     if (kind == TileKind::skip) continue;
-    if constexpr (Bwd::kAmx) {
+    if constexpr (Bwd::kPairs) {
       bwd.load_kv(p, plan, b, k0 + j0, ctx.hk, nj, kt, vt, k, tmp);
     } else {  // K once, row-major for dQ += dS K; its transpose for S = Q K^T.
       load_tile<T>(p.k, b, k0 + j0, ctx.hk, nj, p.head_dim, ldq, k);
@@ -387,7 +416,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
     const KeySpan ks = seen_keys(qb, j0, nj, kind);
     tile_grad(p, plan, ctx, qb, j0 + ks.a, ks.w, kind == TileKind::partial, bwd, kt, vt, ks.a, s, dp, t,
               dbias_rows);
-    if constexpr (Bwd::kAmx)
+    if constexpr (Bwd::kPairs)
       bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, k, dq, ldq);
     else
       gemm_nn_acc(qb.mq, ldq, ks.w, dp, ld, 1, k + ks.a * ldq, ldq, dq, ldq, nullptr, tmp);  // dQ += dS K

@@ -5,8 +5,8 @@
 // split the keys (TilePlan::splits) and merge the splits' (out, lse) with
 // merge_row in split order. The tile products and their layouts are the
 // Tiles policy's: AccTiles everywhere, Bf16DotTiles for bf16 on AVX512_BF16
-// (but for tasks that take AccTiles' narrow tiles), AmxTiles for bf16 on
-// AMX-BF16 (with narrow tiles of its own).
+// (the calls dot_call takes), AmxTiles for bf16 on AMX-BF16 (with narrow
+// tiles of its own).
 
 // The smallest page size: the hardware prefetchers stop at its boundaries,
 // so rows this far apart each start a stream of their own.
@@ -199,9 +199,8 @@ struct AccTiles {
 //                               to bf16 in place (row stride bk_pad words)
 // Odd d and odd key counts pad the last pair with zero. The dot products run
 // in index order, so with a power-of-two scale S is bit for bit the f32
-// tiles' (scale q) . k, which the backward recomputes; with another scale
-// they differ by rounding, and logits beyond ~1e5 then let the backward's
-// exp(S - lse) exceed 1 (docs/design.md).
+// tiles' (scale q) . k; with another scale they differ by rounding, so the
+// backward recomputes S on the same dot products (PairBackward<DotProducts>).
 struct Bf16DotTiles {
   Bf16DotTiles(const AttnParams&, int64_t) {}
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad / 2; }
@@ -1030,16 +1029,6 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   if (mqh <= 0) return;  // an empty key range still finishes its rows: "no key"
   const int64_t k_lo = split * plan.split_k, k_hi = std::min(lk, k_lo + plan.split_k);
   const int64_t mq = plan.group * mqh;  // stacked rows of one K/V head
-  // Narrow tiles with bf16 converted to f32 outrun the bf16 dot products'
-  // row path, whose tiles are padded to 32 rows and whose K and V tiles
-  // are re-laid as pairs (decode on avx512bf16, bf16, d = 128, 8 heads, 2
-  // threads, K+V read per second, medians of 5, Lk = 4096 / 64k: Lq = 8
-  // 5.1 / 5.0 -> 6.4 / 6.8 GB/s, Lq = 16 4.0 / 4.5 -> 6.5 / 5.9, Lq = 31
-  // 2.6 / 2.3 -> 4.3 / 3.0; Lq = 32, not narrow, 2.6 / 2.3 and 2.5 / 2.3).
-  // (Not on the amx path: its backward recomputes every bf16 score on AMX.)
-  if constexpr (!std::is_same<Tiles, AccTiles<T, Acc>>::value && !kAmxTiles<Tiles>)
-    if (ranges_exact(p, lk) && narrow_usable<T, Acc, AccTiles<T, Acc>>(p, mq, k_hi - k_lo))
-      return forward_task<T, Acc, AccTiles<T, Acc>>(p, plan, b, hk0, qb, split, ws, shared);
   const int64_t d = p.head_dim;
   const int64_t ldq = Tiles::q_ld(plan), ldv = plan.dv_pad, lds = plan.bk_pad;
   const int64_t ms = round_up(mq, kPad);  // stride of m, l and alpha per K/V head; columns of Q^T

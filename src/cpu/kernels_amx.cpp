@@ -1,6 +1,6 @@
 // Kernels for the amx path: the avx512 path with bf16 storage's forward on
 // AMX-BF16 tiles (AmxTiles in forward.inl), and its backward's products on
-// them too (AmxBackward in backward.inl). Only those are compiled here,
+// them too (PairBackward<AmxProducts> in backward.inl). Only those are compiled here,
 // with avx512bf16, amx-tile and amx-bf16 added to the avx512 target
 // options; every other entry calls the avx512 table. Standard headers come
 // first so that only flashgrad's own code is compiled with this ISA's target
@@ -60,7 +60,7 @@ void forward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
 }
 void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
   if (amx_call(p))
-    backward_impl<bf16_t, float, AmxBackward>(p, plan, ws);
+    backward_impl<bf16_t, float, PairBackward<AmxProducts>>(p, plan, ws);
   else
     avx512::table.backward(p, plan, ws);
 }

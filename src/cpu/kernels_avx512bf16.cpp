@@ -1,6 +1,7 @@
-// Kernels for the avx512bf16 path: the avx512 path with bf16 storage's
-// forward on AVX512_BF16 dot products (Bf16DotTiles in forward.inl). Only
-// that forward is compiled here, with avx512bf16 added to the avx512 target
+// Kernels for the avx512bf16 path: the avx512 path with bf16 storage on
+// AVX512_BF16 dot products in both passes (Bf16DotTiles in forward.inl,
+// PairBackward<DotProducts> in backward.inl) for the calls dot_call takes.
+// Only those are compiled here, with avx512bf16 added to the avx512 target
 // options; every other entry calls the avx512 table, whose code never
 // contains a BF16 instruction. Standard headers come first so that only
 // flashgrad's own code is compiled with this ISA's target options.
@@ -46,16 +47,22 @@ namespace flashgrad::cpu::avx512bf16 {
 #include "cpu/rng.inl"
 #include "cpu/scores.inl"
 #include "cpu/forward.inl"
+#include "cpu/backward.inl"
 
 namespace {
 
 void forward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
-  if (p.dtype == DType::bf16)
+  if (dot_call(p))
     forward_impl<bf16_t, float, Bf16DotTiles>(p, plan, ws);
   else
     avx512::table.forward(p, plan, ws);
 }
-void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) { avx512::table.backward(p, plan, ws); }
+void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
+  if (dot_call(p))
+    backward_impl<bf16_t, float, PairBackward<DotProducts>>(p, plan, ws);
+  else
+    avx512::table.backward(p, plan, ws);
+}
 void dropout_mask_entry(const AttnParams& p, uint8_t* keep) { avx512::table.dropout_mask(p, keep); }
 
 }  // namespace

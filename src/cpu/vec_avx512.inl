@@ -163,10 +163,11 @@ inline void interleave_f32_rows(const float* r0, const float* r1, int64_t n, uin
   }
 }
 
-// C[m, 0..n) = mul * sum_p A[m, p] . B[p, 0..n), p over kp pairs: A's pair
+// C[m, 0..n) = mul * sum_p A[m, p] . B[p, 0..n), p over kp pairs, plus C
+// itself when Add (the sum formed from zero first, then added): A's pair
 // (r, p) at a[r * lda + p] is broadcast, B is [kp, ldb] pairs, C is f32.
 // Mr rows x 32 columns of accumulators, as the f32 block.
-template <int Mr>
+template <bool Add, int Mr>
 inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
                             float* c, int64_t ldc, __m512 mul) {
   __m512 acc0[Mr], acc1[Mr];
@@ -184,40 +185,47 @@ inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const ui
   }
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r) {
-    _mm512_storeu_ps(c + r * ldc, _mm512_mul_ps(acc0[r], mul));
-    _mm512_storeu_ps(c + r * ldc + 16, _mm512_mul_ps(acc1[r], mul));
+    float* cr = c + r * ldc;
+    if constexpr (Add) {
+      _mm512_storeu_ps(cr, _mm512_fmadd_ps(acc0[r], mul, _mm512_loadu_ps(cr)));
+      _mm512_storeu_ps(cr + 16, _mm512_fmadd_ps(acc1[r], mul, _mm512_loadu_ps(cr + 16)));
+    } else {
+      _mm512_storeu_ps(cr, _mm512_mul_ps(acc0[r], mul));
+      _mm512_storeu_ps(cr + 16, _mm512_mul_ps(acc1[r], mul));
+    }
   }
 }
 
-template <int Mr>
+template <bool Add, int Mr>
 inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
                            float* c, int64_t ldc, __m512 mul) {
-  for (int64_t j = 0; j < n; j += 32) gemm_bf16_block<Mr>(kp, a, lda, b + j, ldb, c + j, ldc, mul);
+  for (int64_t j = 0; j < n; j += 32) gemm_bf16_block<Add, Mr>(kp, a, lda, b + j, ldb, c + j, ldc, mul);
 }
 
 // n a multiple of 32.
+template <bool Add = false>
 inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                       int64_t ldb, float* c, int64_t ldc, float mul) {
   FG_DASSERT(n % 32 == 0);
   const __m512 mv = _mm512_set1_ps(mul);
   int64_t i = 0;
   constexpr int64_t kMr = 12;
-  for (; i + kMr <= m; i += kMr) gemm_bf16_rows<kMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
+  for (; i + kMr <= m; i += kMr) gemm_bf16_rows<Add, kMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
   a += i * lda;
   c += i * ldc;
   switch (m - i) {
     case 0: break;
-    case 1: gemm_bf16_rows<1>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 2: gemm_bf16_rows<2>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 3: gemm_bf16_rows<3>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 4: gemm_bf16_rows<4>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 5: gemm_bf16_rows<5>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 6: gemm_bf16_rows<6>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 7: gemm_bf16_rows<7>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 8: gemm_bf16_rows<8>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 9: gemm_bf16_rows<9>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 10: gemm_bf16_rows<10>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    default: gemm_bf16_rows<11>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 1: gemm_bf16_rows<Add, 1>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 2: gemm_bf16_rows<Add, 2>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 3: gemm_bf16_rows<Add, 3>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 4: gemm_bf16_rows<Add, 4>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 5: gemm_bf16_rows<Add, 5>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 6: gemm_bf16_rows<Add, 6>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 7: gemm_bf16_rows<Add, 7>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 8: gemm_bf16_rows<Add, 8>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 9: gemm_bf16_rows<Add, 9>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    case 10: gemm_bf16_rows<Add, 10>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
+    default: gemm_bf16_rows<Add, 11>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
   }
 }
 #endif
