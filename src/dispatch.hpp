@@ -43,9 +43,9 @@ Isa default_isa();
 const KernelTable& kernels();
 // A specific table, for tests that run every ISA. Throws Error if unsupported.
 const KernelTable& kernels_for(Isa isa);
-// Whether isa's backward of p runs on bf16 pair products (amx_call on amx,
-// dot_call on avx512bf16): the argument plan_backward takes.
-inline bool pair_backward(Isa isa, const AttnParams& p) {
+// Whether isa runs p on bf16 pair products (amx_call on amx, dot_call on
+// avx512bf16): the argument plan_forward and plan_backward take.
+inline bool pair_products(Isa isa, const AttnParams& p) {
   return (isa == Isa::amx && amx_call(p)) || (isa == Isa::avx512bf16 && dot_call(p));
 }
 

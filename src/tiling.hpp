@@ -113,10 +113,10 @@ inline bool amx_call(const AttnParams& p) {
 inline bool dot_call(const AttnParams& p) {
   return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 32;
 }
-// amx: the kernel table is Isa::amx's, whose AMX forward takes wider key tiles.
-TilePlan plan_forward(const AttnParams& p, bool amx);
-// pairs: the call's backward runs on bf16 pair products (pair_backward in
-// dispatch.hpp), whose buffers are laid out only then.
+// pairs: the call runs on bf16 pair products (pair_products in
+// dispatch.hpp): the forward takes wider key tiles, the backward's pair
+// buffers are laid out only then.
+TilePlan plan_forward(const AttnParams& p, bool pairs);
 TilePlan plan_backward(const AttnParams& p, bool pairs);
 
 }  // namespace flashgrad
