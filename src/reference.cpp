@@ -46,6 +46,7 @@ struct Arith {
   DType storage;
   bool naive;
   bool reversed;  // sums run last-to-first: a second, equally valid naive order
+  bool fused;     // products' sums as FMA chains: a third
   int64_t at(int64_t n, int64_t count) const { return reversed ? count - 1 - n : n; }
   Real round(Real x) const {
     if (!naive) return x;
@@ -60,6 +61,14 @@ struct Arith {
   Real acc(Real x) const {
     if (!naive) return x;
     return storage == DType::f64 ? static_cast<Real>(static_cast<double>(x)) : static_cast<float>(x);
+  }
+  // s + a b of a matrix product's sum: the product rounded, then the sum,
+  // or both at once when fused (a, b and s hold values of the accumulation type).
+  Real mac(Real s, Real a, Real b) const {
+    if (!naive || !fused) return acc(s + acc(a * b));
+    if (storage == DType::f64)
+      return static_cast<Real>(std::fma(static_cast<double>(a), static_cast<double>(b), static_cast<double>(s)));
+    return static_cast<Real>(std::fma(static_cast<float>(a), static_cast<float>(b), static_cast<float>(s)));
   }
 };
 
@@ -91,7 +100,7 @@ Matrix abt(const Arith& ar, const Matrix& a, const Matrix& b, int64_t n, int64_t
       Real s = 0;
       for (int64_t n_ = 0; n_ < k; ++n_) {
         const int64_t x = ar.at(n_, k);
-        s = ar.acc(s + ar.acc(a[i * k + x] * b[j * k + x]));
+        s = ar.mac(s, a[i * k + x], b[j * k + x]);
       }
       c[i * m + j] = ar.round(ar.acc(s * scale));
     }
@@ -183,7 +192,7 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
       Real acc = 0;
       for (int64_t n_ = 0; n_ < lk; ++n_) {
         const int64_t j = ar.at(n_, lk);
-        acc = ar.acc(acc + ar.acc(ar.round(f.p[i * lk + j] * f.z[i * lk + j]) * v[j * dv + c]));
+        acc = ar.mac(acc, ar.round(f.p[i * lk + j] * f.z[i * lk + j]), v[j * dv + c]);
       }
       f.out[i * dv + c] = ar.round(acc);
     }
@@ -191,7 +200,8 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
 }
 
 Arith arith(const AttnParams& p, Precision prec) {
-  return Arith{p.dtype, prec != Precision::f64, prec == Precision::storage_reversed};
+  return Arith{p.dtype, prec != Precision::f64, prec == Precision::storage_reversed,
+               prec == Precision::storage_fused};
 }
 
 std::vector<uint8_t> keep_mask(const AttnParams& p, const uint8_t*& keep) {
@@ -299,7 +309,7 @@ Matrix reduce(const Arith& ar, int64_t rows, int64_t cols, int64_t count, At a_a
       Real acc = 0;
       for (int64_t n_ = 0; n_ < count; ++n_) {
         const int64_t n = ar.at(n_, count);
-        acc = ar.acc(acc + ar.acc(a_at(n, r) * b[n * cols + c]));
+        acc = ar.mac(acc, a_at(n, r), b[n * cols + c]);
       }
       out[r * cols + c] = ar.acc(acc * scale);
     }

@@ -11,12 +11,14 @@
 
 namespace flashgrad::reference {
 
-// storage_reversed runs every sum in the opposite order, so that the error of
-// "a" naive computation is not judged by one lucky summation order. noise
+// storage_reversed runs every sum in the opposite order, and storage_fused
+// runs the matrix products' sums as FMA chains (one rounding per term, the
+// way f32 tile products and BLAS kernels run them), so that the error of "a"
+// naive computation is not judged by one lucky rounding sequence. noise
 // (backward only) returns, per element, the first-order rounding noise of the
 // cancellation dS = P * (dP - delta) that any algorithm computing dP and delta
 // as separate sums in the accumulation precision carries.
-enum class Precision { f64, storage, storage_reversed, noise };
+enum class Precision { f64, storage, storage_reversed, storage_fused, noise };
 
 // As flashgrad::forward, but out and lse are f64 views. keep: u8
 // [batch, heads_q, seqlen_q, seqlen_k] contiguous (longest sequences when
