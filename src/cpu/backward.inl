@@ -308,7 +308,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   const auto& L = plan.bwd;
   Acc *kt = ws.at(L.kt), *vt = ws.at(L.vt), *s = ws.at(L.s), *dp = ws.at(L.dp), *t = ws.at(L.t);
   Acc *dk = ws.at(L.acc_a), *dv = ws.at(L.acc_b), *tmp = ws.at(L.tmp), *k = ws.at(L.k);
-  // The accumulators: dK [nj, ldq] and dV [nj, ldv], or on AMX dK^T and dV^T [pad, bk_pad].
+  // The accumulators: dK [nj, ldq] and dV [nj, ldv], or with pair products dK^T and dV^T [pad, bk_pad].
   int64_t dk_n = nj * ldq, dv_n = nj * ldv;
   if constexpr (Bwd::kPairs) {
     bwd.load_kv(p, plan, b, k0, hk, nj, kt, vt, dq_acc ? k : nullptr, tmp);
