@@ -147,8 +147,8 @@ float bf16_value(uint16_t bits) { return to_float(bf16_t{bits}); }
 
 // The pair layout keeps each dot product in index order, one rounding per
 // term, as the f32 tile product's FMAs: with a power-of-two scale the result
-// is bit for bit that of sum_p fma(scale * a[p], b[p]), which the backward
-// recomputes S with (tests/test_kernels.cpp checks the whole forward).
+// is bit for bit that of sum_p fma(scale * a[p], b[p]), the f32 tiles'
+// score, so the dot products' scores are then the f32 path's.
 TEST(Bf16Pairs, DotProductsRunInIndexOrderAsTheF32Fmas) {
   if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
   std::mt19937 gen(7);
