@@ -107,9 +107,10 @@ inline bool amx_call(const AttnParams& p) {
 // with at least 32 query rows per K/V head. Fewer take the avx512 path's
 // narrow and decode tiles, which read bf16 K and V where they lie, where
 // the dot products' row tiles pad to 32 rows and re-lay K and V as pairs
-// (decode, d = 128, 8 heads, 2 threads, K+V read per second, Lk = 4096 /
-// 64k, narrow against dot: Lq = 8 6.4 / 6.8 against 5.1 / 5.0 GB/s, Lq =
-// 16 6.5 / 5.9 against 4.0 / 4.5).
+// (decode, bf16, d = 128, 8 heads, 2 threads; Zen 5, `flashgrad ab`, 7
+// pairs, dot against narrow, Lk = 4096 / 16k: Lq = 16 0.95x / 0.88x, Lq =
+// 4 0.50x / 0.72x; Intel at half-rate dot products, K+V read per second,
+// Lk = 4096 / 64k: Lq = 8 5.1 / 5.0 against 6.4 / 6.8 GB/s).
 inline bool dot_call(const AttnParams& p) {
   return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 32;
 }
