@@ -18,8 +18,8 @@
 namespace flashgrad::testing {
 namespace {
 
-void expect_pass(const Case& c) {
-  const Report r = check_case(c);
+void expect_pass(const Case& c, bool backward = true) {
+  const Report r = check_case(c, backward);
   EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_name() << "\n" << r.table();
 }
 
@@ -175,6 +175,36 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
         c.alibi = true;
         c.mask = MaskKind::key_padding;
         expect_pass(c);
+      }
+}
+
+// Decode with the K/V heads of [batch, seq, heads, dim] side by side: a
+// task of split keys reads each K and V row through all its heads, 8 or 16
+// heads per call (forward.inl, heads_across), one or three stacked rows per
+// K/V head (three take the narrow tiles on avx2); dv = 48 and 160 leave part
+// of a row's vector blocks to the one-vector tail. Forward only: the
+// backward's tiles are DecodeReadsValueRowsInPlace's.
+TEST_F(Kernels, DecodeReadsRowsAcrossHeads) {
+  for (DType t : {DType::f32, DType::bf16})
+    for (int64_t heads_kv : {8, 16})
+      for (int64_t group : {1, 3}) {
+        Case c = base(t);
+        c.batch = 1;
+        c.seqlen_q = 1;
+        c.seqlen_k = 2048 + 37;
+        c.heads_kv = heads_kv;
+        c.heads_q = heads_kv * group;
+        c.head_dim = heads_kv == 16 ? 32 : 64;
+        c.head_dim_v = heads_kv == 16 ? 48 : 160;
+        c.name = "decode_across_" + dtype_label(t) + "_h" + std::to_string(heads_kv) + "_g" + std::to_string(group);
+        expect_pass(c, false);
+        c.causal = true;
+        c.sinks = true;
+        c.dropout_p = 0.1;
+        c.alibi = true;
+        c.mask = MaskKind::key_padding;
+        c.softcap = 3.0;
+        expect_pass(c, false);
       }
 }
 

@@ -512,6 +512,32 @@ inline bool heads_outer(const AttnParams& p, int64_t nh) {
          p.v.seq_stride == p.head_dim_v;
 }
 
+// How many of a task's nh K/V heads each call of scores_heads and pv_heads
+// takes (0: none, the task goes a head at a time): where the whole-row
+// products read K and V in place and the heads' rows lie side by side
+// ([batch, seq, heads, dim]), a divisor of kLanes of at least 2 heads, and
+// at least the task's mq rows per head, so that Q's lanes (qx) fit in Q^T's
+// space. Decode f32, d = 128, 8 heads, Lk = 64k, 2 threads: a head at a time
+// (K rows of a head 16 at a time, 512 bytes of 4 KiB each) read K and V at
+// the rate a pure reading test found for that order, 34-38 GB/s, where
+// reading rows through reached 67-78.
+template <typename T, typename Acc>
+int64_t heads_across(const AttnParams& p, const TilePlan& plan, const AccTiles<T, Acc>& tiles, int64_t nh,
+                     int64_t mq) {
+#if FG_TRANSPOSE_REGS
+  if (!tiles.k_in_place || !tiles.v_in_place || mq > kWholeRows || heads_outer(p, nh)) return 0;
+  if (p.k.head_stride != p.head_dim || p.v.head_stride != p.head_dim_v || p.head_dim_v % kLanes != 0) return 0;
+  int64_t g = kLanes;  // the largest power of two dividing nh, at most kLanes
+  while (nh % g != 0) g /= 2;
+  // The lanes of a tile's scores (heads_tile) go to kt.
+  const bool lanes_fit = mq * round_up(plan.block_k, 2 * kLanes / g) * g <= plan.dqk_pad * plan.bk_pad;
+  return g >= 2 && g >= mq && lanes_fit ? g : 0;
+#else
+  (void)p, (void)plan, (void)tiles, (void)nh, (void)mq;
+  return 0;
+#endif
+}
+
 // Dropout's 1 / (1 - p) (1 without dropout). P's rows keep their values where
 // kept (drop_row), and this factor scales what they sum into, out and dV,
 // once per element instead of once per key, which rounded every kept P.
@@ -1066,6 +1092,16 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq, k_hi - k_lo);
   const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
   const bool keys_major_ranged = keys_major && ranged;
+  int64_t across = 0;  // heads_across, where no keys-major tile needs Q^T
+  if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value)
+    if (!keys_major) across = heads_across(p, plan, tiles, nh, mq);
+  if (across) {  // per group of across heads, qx [mq][d][kLanes] (scores_heads) in Q^T's space
+    for (int64_t h0 = 0; h0 < nh; h0 += across)
+      for (int64_t r = 0; r < mq; ++r)
+        for (int64_t c = 0; c < d; ++c)
+          for (int64_t x = 0; x < kLanes; ++x)
+            qt[((h0 / across * mq + r) * d + c) * kLanes + x] = q[((h0 + x % across) * mq + r) * ldq + c];
+  }
   bool amx_narrow = false;  // AmxTiles::narrow
   if constexpr (kAmxTiles<Tiles>)
     amx_narrow = ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p) && !p.mask.data;
@@ -1145,6 +1181,36 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const auto tile_kind = [&](int64_t j0, int64_t nj) {
     return every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
   };
+  // The softmax step on the S rows of K/V head hk0 + x in sx ([mq, lds]):
+  // scores of keys j0.. (nj) into P, m, l and alpha updated; next: rows to
+  // ask L2 for, a share per row.
+  const auto softmax_rows = [&](int64_t j0, int64_t nj, int64_t x, TileKind kind, Acc* sx, const NextTile& next) {
+    Acc *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
+    for (int64_t r = 0; r < mq; ++r) {
+      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
+      const int64_t i = i0 + r % mqh;
+      Acc* srow = sx + r * lds;
+      // A row of a tile the ranges cut sees no key past hi[r]: its passes
+      // stop at the kPad block that holds it, and its P is 0 beyond.
+      const int64_t wr =
+          kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
+      const int64_t nr = std::min(nj, wr);
+      c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+      for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
+      const Acc mx = row_max(srow, wr, mx_[r]);
+      // A row with no visible key so far keeps max -inf; subtracting 0 then
+      // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
+      const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
+      ax[r] = exp_acc(mx_[r] - mref);
+      lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+      for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
+      mx_[r] = mx;
+      c.dropout_row(i, j0, nj, keep, srow);
+      const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
+      prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
+      prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
+    }
+  };
   // The tile of keys j0.. (nj of them) of K/V head hk0 + x.
   const auto head_tile = [&](int64_t j0, int64_t nj, int64_t x, TileKind kind, const TileCut& tile_cut,
                              const NextTile& next) {
@@ -1179,34 +1245,39 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
     tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
     if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, k_hi - j0);
-    // The next tile's rows (nn of them, 0: none), a share per score row below.
-    const int64_t nn = prefetch ? next.n : 0;
     tiles.qk(plan, mq, d, qx, kt, scale, s);
-    for (int64_t r = 0; r < mq; ++r) {
-      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
-      const int64_t i = i0 + r % mqh;
-      Acc* srow = s + r * lds;
-      // A row of a tile the ranges cut sees no key past hi[r]: its passes
-      // stop at the kPad block that holds it, and its P is 0 beyond.
-      const int64_t wr =
-          kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
-      const int64_t nr = std::min(nj, wr);
-      c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-      for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
-      const Acc mx = row_max(srow, wr, mx_[r]);
-      // A row with no visible key so far keeps max -inf; subtracting 0 then
-      // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
-      const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
-      ax[r] = exp_acc(mx_[r] - mref);
-      lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
-      for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
-      mx_[r] = mx;
-      c.dropout_row(i, j0, nj, keep, srow);
-      const int64_t f0 = r * nn / mq, f1 = (r + 1) * nn / mq;
-      prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
-      prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
-    }
+    softmax_rows(j0, nj, x, kind, s, prefetch ? next : NextTile{0, 0, 0});
     tiles.pv(plan, mq, nj, s, v, ax, ox, pv);
+  };
+  // The tile of keys j0.. (nj of them) of every K/V head of the task, across
+  // heads at a time (heads_across): S of head x in rows x * mq.. of s, the
+  // calls' lanes first in kt.
+  const auto heads_tile = [&](int64_t j0, int64_t nj, TileKind kind) {
+#if FG_TRANSPOSE_REGS
+    if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value && std::is_same<Acc, float>::value) {
+      const int64_t g = across, ldst = round_up(nj, 2 * kLanes / g) * g;
+      const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, k0 + j0, hk0);
+      const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, k0 + j0, hk0);
+      for (int64_t h0 = 0; h0 < nh; h0 += g) {
+        with_rows(mq, [&](auto mm) {
+          scores_heads<decltype(mm)::value>(nj, g, d, qt + h0 / g * mq * d * kLanes, kr + h0 * d, p.k.seq_stride,
+                                            kt, ldst, reinterpret_cast<T*>(stage));
+        });
+        for (int64_t r = 0; r < mq; ++r)
+          for (int64_t x = 0; x < g; ++x)
+            for (int64_t j = 0; j < nj; ++j) s[((h0 + x) * mq + r) * lds + j] = kt[r * ldst + j * g + x];
+      }
+      for (int64_t x = 0; x < nh; ++x) softmax_rows(j0, nj, x, kind, s + x * mq * lds, NextTile{0, 0, 0});
+      for (int64_t h0 = 0; h0 < nh; h0 += g)
+        with_rows(mq, [&](auto mm) {
+          pv_heads<decltype(mm)::value>(g, p.head_dim_v, nj, s + h0 * mq * lds, mq * lds, lds,
+                                        vr + h0 * p.head_dim_v, p.v.seq_stride, pv, o + h0 * ms * ldv, ms * ldv, ldv,
+                                        alpha + h0 * ms, ms);
+        });
+      return;
+    }
+#endif
+    (void)j0, (void)nj, (void)kind;
   };
   const auto tile_cut_of = [&](int64_t j0, int64_t nj, TileKind kind) {
     TileCut tile_cut;
@@ -1231,6 +1302,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       const int64_t nj = n_at(j0);
       const TileKind kind = tile_kind(j0, nj);
       if (kind == TileKind::skip) continue;
+      if (across) {
+        heads_tile(j0, nj, kind);
+        continue;
+      }
       const TileCut tile_cut = tile_cut_of(j0, nj, kind);
       for (int64_t x = 0; x < nh; ++x) {
         // The tile after this one: the next K/V head's, or the next keys'.

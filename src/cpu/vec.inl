@@ -496,6 +496,117 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 }
 #endif
 
+#if FG_TRANSPOSE_REGS
+template <typename T>
+inline void vstore_raw(T* dst, const T* src) { std::memcpy(dst, src, kLanes * sizeof(T)); }
+// Decode over g heads whose K and V rows lie side by side in memory (rows
+// of [batch, seq, heads, dim]), so that each row is read through, all its
+// heads at once, where a head at a time left a page's lines spread over
+// the tile's passes (forward.inl, AccTiles::heads).
+
+// S for M query rows of each of g heads (g divides kLanes): lane L of a
+// vector is key j + L / g of head L % g, whose row lies at
+// k + (j + L / g) * ldk + (L % g) * d (keys past nj repeat the last).
+// qx [M][d][kLanes]: row m's Q element of lane L's head. st[m * ldst + j *
+// g + L] gets lane L of the vector for keys j..; each score is the FMA
+// chain over d in order that gemm_nn(Q, K^T) computes.
+template <int M, int G, int B, typename TK>
+inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
+                           int64_t ldst, TK* stage) {
+  constexpr int64_t kpv = kLanes / G;
+  const int64_t run = G * d;
+  for (int64_t j = 0; j < nj; j += B * kpv) {
+    const TK* kb[B][kpv];
+    for (int64_t y = 0; y < B * kpv; ++y) {
+      const TK* src = k + std::min(j + y, nj - 1) * ldk;
+      TK* dst = stage + y * run;
+      for (int64_t x = 0; x < run; x += kLanes) vstore_raw(dst + x, src + x);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < B; ++u)
+#pragma GCC unroll 16
+      for (int64_t y = 0; y < kpv; ++y) kb[u][y] = stage + (u * kpv + y) * run;
+    VecF acc[B][M];
+#pragma GCC unroll 4
+    for (int u = 0; u < B; ++u)
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) acc[u][m] = vzero();
+    for (int64_t c = 0; c < d; c += kLanes) {
+#pragma GCC unroll 4
+      for (int u = 0; u < B; ++u) {
+        VecF r[kLanes];
+#pragma GCC unroll 16
+        for (int x = 0; x < kLanes; ++x) r[x] = vload_as(kb[u][x / G] + x % G * d + c);
+        transpose_regs(r);
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i)
+#pragma GCC unroll 4
+          for (int m = 0; m < M; ++m) acc[u][m] = vfma(vload(qx + ((m * d) + c + i) * kLanes), r[i], acc[u][m]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < B; ++u)
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) vstore(st + m * ldst + (j + u * kpv) * G, acc[u][m]);
+  }
+}
+template <int M, typename TK>
+inline void scores_heads(int64_t nj, int64_t g, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
+                         int64_t ldst, TK* stage) {
+  constexpr int B = 2;
+  switch (g) {
+    case 2: return scores_heads_g<M, 2, B>(nj, d, qx, k, ldk, st, ldst, stage);
+    case 4: return scores_heads_g<M, 4, B>(nj, d, qx, k, ldk, st, ldst, stage);
+    case 8: return scores_heads_g<M, 8, B>(nj, d, qx, k, ldk, st, ldst, stage);
+    default: if constexpr (kLanes == 16) return scores_heads_g<M, 16, B>(nj, d, qx, k, ldk, st, ldst, stage);
+  }
+}
+
+// For each of g heads h and M rows r: C_hr [n] = C_hr * rs[h * rs_hs + r] +
+// P_hr V_h (rs null: C_hr + P_hr V_h) over k keys, with P_hr at p + h *
+// p_hs + r * ldp, C_hr at c + h * c_hs + r * ldc, and V_h's row j at b + j *
+// ldb + h * n. V's rows are read in memory order, each through all its
+// heads before the next. Every C element gets the same FMAs in the same
+// order as from gemm_rows_whole. acc: [g * M * n] scratch.
+template <int M, int Xv, typename TB>
+inline void pv_heads_block(int64_t x, const float* ph, int64_t ldp, const TB* bh, float* ah, int64_t n) {
+  VecF pb[M];
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) pb[r] = vbroadcast(ph[r * ldp]);
+#pragma GCC unroll 8
+  for (int v = 0; v < Xv; ++v) {
+    const VecF bv = vload_as(bh + x + v * kLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) vstore(ah + r * n + x + v * kLanes, vfma(pb[r], bv, vload(ah + r * n + x + v * kLanes)));
+  }
+}
+template <int M, typename TB>
+inline void pv_heads(int64_t g, int64_t n, int64_t k, const float* p, int64_t p_hs, int64_t ldp, const TB* b,
+                     int64_t ldb, float* acc, float* c, int64_t c_hs, int64_t ldc, const float* rs, int64_t rs_hs) {
+  constexpr int Xv = 8;
+  for (int64_t x = 0; x < g * M * n; x += kLanes) vstore(acc + x, vzero());
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t h = 0; h < g; ++h) {
+      const float* ph = p + h * p_hs + j;
+      const TB* bh = b + j * ldb + h * n;
+      float* ah = acc + h * M * n;
+      int64_t x = 0;
+      for (; x + Xv * kLanes <= n; x += Xv * kLanes) pv_heads_block<M, Xv>(x, ph, ldp, bh, ah, n);
+      for (; x < n; x += kLanes) pv_heads_block<M, 1>(x, ph, ldp, bh, ah, n);
+    }
+  for (int64_t h = 0; h < g; ++h)
+    for (int r = 0; r < M; ++r) {
+      float* cr = c + h * c_hs + r * ldc;
+      const float* ar = acc + (h * M + r) * n;
+      const VecF sc = rs ? vbroadcast(rs[h * rs_hs + r]) : vzero();
+      for (int64_t x = 0; x < n; x += kLanes) {
+        const VecF sum = vload(ar + x);
+        vstore(cr + x, rs ? vfma(vload(cr + x), sc, sum) : vadd(vload(cr + x), sum));
+      }
+    }
+}
+#endif
+
 // C [M, n] = C * rs[r] + A B (rs null: C + A B) for M = 1 to 4 rows of A
 // (along k) and B's rows read where they lie: G rows of B at a time, each
 // read whole, their sums kept in acc ([M, n]) between groups. Every C

@@ -8,7 +8,7 @@ constexpr int64_t kLanes = 16;
 // products and ~5% on the backward's (flashgrad bench, d = 128, 1 thread).
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 4;
-constexpr int64_t kWholeRows = 0;  // whole-row decode products (vec_avx2.inl): not measured here
+constexpr int64_t kWholeRows = 4;  // whole-row decode products (forward.inl)
 constexpr int64_t kNarrowMinRows = 8;  // narrow tiles from 8 stacked query rows (forward.inl)
 constexpr int64_t kNarrowMaxRows = 31;  // to 31 (two vectors; 32 rows keys-major: not measured here)
 constexpr int64_t kNarrowWidth = 32;  // query rows per narrow chunk: two vectors
@@ -70,13 +70,23 @@ inline VecF vload_bf16(const uint16_t* p) {
 }
 inline VecF vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
-// dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers;
-// S is float, bf16_t or f16_t (vload_as converts).
-constexpr int64_t kTransposeBlock = 16;
-template <typename S>
-inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = vload_as(src + i * lds);
+// bf16 elements p[0] and p[1] broadcast as one 32-bit word, and each half
+// as f32 (vec.inl, accumulate_bf16_pairs).
+#define FG_BF16_PAIRS 1
+inline VecF vbroadcast_pair(const void* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(w)));
+}
+inline VecF vpair_lo(VecF w) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(w), 16)); }
+inline VecF vpair_hi(VecF w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(w), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// r[i] = row i of a 16 x 16 block in, column i out.
+#define FG_TRANSPOSE_REGS 1
+inline void transpose_regs(VecF (&r)[16]) {
+  __m512 t[16];
   for (int i = 0; i < 8; ++i) {  // 32-bit interleave of row pairs
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -92,11 +102,23 @@ inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) 
   for (int k = 0; k < 4; ++k) {  // gather lane L of r[k], r[4+k], r[8+k], r[12+k] into row 4L + k
     const __m512 v0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88), v1 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
     const __m512 w0 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88), w1 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
-    _mm512_storeu_ps(dst + (0 + k) * ldd, _mm512_shuffle_f32x4(v0, w0, 0x88));
-    _mm512_storeu_ps(dst + (8 + k) * ldd, _mm512_shuffle_f32x4(v0, w0, 0xdd));
-    _mm512_storeu_ps(dst + (4 + k) * ldd, _mm512_shuffle_f32x4(v1, w1, 0x88));
-    _mm512_storeu_ps(dst + (12 + k) * ldd, _mm512_shuffle_f32x4(v1, w1, 0xdd));
+    t[0 + k] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+    t[8 + k] = _mm512_shuffle_f32x4(v0, w0, 0xdd);
+    t[4 + k] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+    t[12 + k] = _mm512_shuffle_f32x4(v1, w1, 0xdd);
   }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers;
+// S is float, bf16_t or f16_t (vload_as converts).
+constexpr int64_t kTransposeBlock = 16;
+template <typename S>
+inline void transpose_block(const S* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = vload_as(src + i * lds);
+  transpose_regs(r);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 
 #if FG_BF16_DOT
