@@ -517,10 +517,15 @@ inline bool heads_outer(const AttnParams& p, int64_t nh) {
 // products read K and V in place and the heads' rows lie side by side
 // ([batch, seq, heads, dim]), a divisor of kLanes of at least 2 heads, and
 // at least the task's mq rows per head, so that Q's lanes (qx) fit in Q^T's
-// space. Decode f32, d = 128, 8 heads, Lk = 64k, 2 threads: a head at a time
-// (K rows of a head 16 at a time, 512 bytes of 4 KiB each) read K and V at
-// the rate a pure reading test found for that order, 34-38 GB/s, where
-// reading rows through reached 67-78.
+// space. A head at a time reads 512 bytes of each 4 KiB row (8 heads, d =
+// 128, f32) per pass; a reading test over such rows on Zen 5 (2 threads)
+// read 34-38 GB/s in that order and 67-78 in memory order, where the L2
+// streamer runs ahead of the loads. Decode, d = 128, 8 heads, Lk = 64k, 2
+// threads, `flashgrad ab --pass forward`, 11 pairs, against the head at a
+// time (on avx512 against the staged K^T tiles it had before the whole
+// rows): avx512 f32 Lq = 1 1.13x, Lq = 2 1.05x, Lq = 4 0.99x, 32 query
+// heads over 8 0.99x; bf16 1.51x, 1.19x, 1.24x, 1.23x; avx2 f32 Lq = 1
+// 1.32x, Lq = 2 1.51x, 16 over 8 1.45x; bf16 1.42x, 1.53x, 1.43x.
 template <typename T, typename Acc>
 int64_t heads_across(const AttnParams& p, const TilePlan& plan, const AccTiles<T, Acc>& tiles, int64_t nh,
                      int64_t mq) {
