@@ -497,11 +497,13 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 #endif
 
 #if FG_TRANSPOSE_REGS
-template <typename T>
-inline void vstore_raw(T* dst, const T* src) { std::memcpy(dst, src, kLanes * sizeof(T)); }
 // Decode over g heads whose K and V rows lie side by side in memory (rows
 // of [batch, seq, heads, dim]), each row read through, all its heads at
 // once, in memory order (forward.inl, heads_across).
+
+// kLanes elements of T from src to dst, as they are.
+template <typename T>
+inline void copy_lanes(T* dst, const T* src) { std::memcpy(dst, src, kLanes * sizeof(T)); }
 
 // S for M query rows of each of G heads (G divides kLanes): lane L of a
 // vector is key j + L / G of head L % G, whose row segment lies at
@@ -511,8 +513,8 @@ inline void vstore_raw(T* dst, const T* src) { std::memcpy(dst, src, kLanes * si
 // chain over d in order that gemm_nn(Q, K^T) computes. B blocks of
 // kLanes / G keys at a time, B independent chains: their rows' G
 // segments are first copied in memory order to stage ([B * kLanes / G, G *
-// d]): the lanes' own loads stride through each row (line h * d / 16 + c
-// of head h at step c), an order a reading test read at 34 GB/s against
+// d]): the lanes' own loads stride through each row (f32: line h * d / 16
+// + c of head h at step c), an order a reading test read at 34 GB/s against
 // 67-78 in memory order (Zen 5, 2 threads). Without the copy, decode (Lq =
 // 1, 8 heads, d = 128, f32) read K and V at about the staged K^T tiles'
 // rate (32-34 GB/s, alternating runs); with it, `flashgrad ab` against
@@ -528,7 +530,7 @@ inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, 
     for (int64_t y = 0; y < B * kpv; ++y) {
       const TK* src = k + std::min(j + y, nj - 1) * ldk;
       TK* dst = stage + y * run;
-      for (int64_t x = 0; x < run; x += kLanes) vstore_raw(dst + x, src + x);
+      for (int64_t x = 0; x < run; x += kLanes) copy_lanes(dst + x, src + x);
     }
 #pragma GCC unroll 4
     for (int u = 0; u < B; ++u)
@@ -566,7 +568,9 @@ inline void scores_heads(int64_t nj, int64_t g, int64_t d, const float* qx, cons
     case 2: return scores_heads_g<M, 2, B>(nj, d, qx, k, ldk, st, ldst, stage);
     case 4: return scores_heads_g<M, 4, B>(nj, d, qx, k, ldk, st, ldst, stage);
     case 8: return scores_heads_g<M, 8, B>(nj, d, qx, k, ldk, st, ldst, stage);
-    default: if constexpr (kLanes == 16) return scores_heads_g<M, 16, B>(nj, d, qx, k, ldk, st, ldst, stage);
+    default:
+      FG_DASSERT(g == 16 && kLanes == 16);
+      if constexpr (kLanes == 16) return scores_heads_g<M, 16, B>(nj, d, qx, k, ldk, st, ldst, stage);
   }
 }
 
