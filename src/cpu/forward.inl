@@ -535,7 +535,7 @@ int64_t heads_across(const AttnParams& p, const TilePlan& plan, const AccTiles<T
   int64_t g = kLanes;  // the largest power of two dividing nh, at most kLanes
   while (nh % g != 0) g /= 2;
   // The lanes of a tile's scores (heads_tile) go to kt.
-  const bool lanes_fit = mq * round_up(plan.block_k, 2 * kLanes / g) * g <= plan.dqk_pad * plan.bk_pad;
+  const bool lanes_fit = mq * round_up(plan.block_k, kHeadsBlocks * kLanes / g) * g <= plan.dqk_pad * plan.bk_pad;
   return g >= 2 && g >= mq && lanes_fit ? g : 0;
 #else
   (void)p, (void)plan, (void)tiles, (void)nh, (void)mq;
@@ -1260,7 +1260,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const auto heads_tile = [&](int64_t j0, int64_t nj, TileKind kind) {
 #if FG_TRANSPOSE_REGS
     if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value && std::is_same<Acc, float>::value) {
-      const int64_t g = across, ldst = round_up(nj, 2 * kLanes / g) * g;
+      const int64_t g = across, ldst = round_up(nj, kHeadsBlocks * kLanes / g) * g;
       const T* kr = static_cast<const T*>(p.k.data) + row_offset(p.k, b, k0 + j0, hk0);
       const T* vr = static_cast<const T*>(p.v.data) + row_offset(p.v, b, k0 + j0, hk0);
       for (int64_t h0 = 0; h0 < nh; h0 += g) {

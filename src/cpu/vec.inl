@@ -560,10 +560,12 @@ inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, 
       for (int m = 0; m < M; ++m) vstore(st + m * ldst + (j + u * kpv) * G, acc[u][m]);
   }
 }
+// scores_heads' blocks per pass: st holds round_up(nj, kHeadsBlocks * kLanes / g) * g lanes per row.
+constexpr int kHeadsBlocks = 2;
 template <int M, typename TK>
 inline void scores_heads(int64_t nj, int64_t g, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
                          int64_t ldst, TK* stage) {
-  constexpr int B = 2;
+  constexpr int B = kHeadsBlocks;
   switch (g) {
     case 2: return scores_heads_g<M, 2, B>(nj, d, qx, k, ldk, st, ldst, stage);
     case 4: return scores_heads_g<M, 4, B>(nj, d, qx, k, ldk, st, ldst, stage);
