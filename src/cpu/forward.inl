@@ -816,10 +816,7 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
                      const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
   const int64_t ld = Chunked ? chunked_ld : W;
-  // bf16 A takes smaller blocks (4 rows of two vectors, 3 of three, 2 of
-  // four): a pair's word and halves beside 6 rows' 12 accumulators and two
-  // steps of B spilled on AVX2.
-  constexpr int Mr = kNarrowAcc / Nv, MrBf16 = Nv <= 2 ? 4 : (Nv == 3 ? 3 : 2);
+  constexpr int Mr = kNarrowAcc / Nv, MrBf16 = narrow_bf16_rows(Nv);
   constexpr int MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : MrBf16;
   constexpr int MrV = std::is_same<TV, float>::value ? Mr : MrBf16;
   const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);

@@ -41,6 +41,10 @@ constexpr int64_t kNarrowMinRows = 3;
 constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
 constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
+// Rows of a narrow block whose A is bf16 pairs read in place, for nv
+// vectors: a pair's word and halves beside 6 rows' 12 accumulators and two
+// steps of B spilled.
+constexpr int narrow_bf16_rows(int nv) { return nv <= 2 ? 4 : (nv == 3 ? 3 : 2); }
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
