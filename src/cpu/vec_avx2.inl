@@ -43,8 +43,12 @@ constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vec
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: a pair's word and halves beside 6 rows' 12 accumulators and two
-// steps of B spilled.
-constexpr int narrow_bf16_rows(int nv) { return nv <= 2 ? 4 : (nv == 3 ? 3 : 2); }
+// steps of B spilled, so two vectors take 4 rows. One vector takes 8, eight
+// FMA chains for two pipes of 4-cycle FMAs, where 4 rows left half of them
+// idle (forced to avx2 on Zen 5, bf16, d = 128, 8 heads, Lk = 16k, 2
+// threads, `flashgrad ab`, 7 pairs, against 4 rows: Lq = 8 1.38x (6 rows
+// 1.17x), Lq = 3 1.32x, Lq = 5 1.32x; Lq = 8 [B, H, L, d] at Lk = 64k 1.50x).
+constexpr int narrow_bf16_rows(int nv) { return nv == 1 ? 8 : nv == 2 ? 4 : (nv == 3 ? 3 : 2); }
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
