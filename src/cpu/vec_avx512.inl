@@ -23,11 +23,12 @@ constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
-// vectors: as many as the f32 blocks' accumulators, where AVX2's 4 rows of
-// one vector left four FMA chains for two pipes of 4-cycle FMAs (decode,
-// bf16, d = 128, 8 heads, Lk = 16k, 2 threads, `flashgrad ab`, 7 pairs,
-// against 4 rows: Lq = 16 1.38x, Lq = 24 1.11x; 8 / 4 rows: 1.23x / 0.99x;
-// 12 / 6: 1.23x / 1.06x; 16 / 12: Lq = 24 0.94x, Lq = 31 0.90x of 16 / 8).
+// vectors: as many as the f32 blocks' accumulators. The 4 rows that AVX2's
+// registers allow left one vector four FMA chains for two pipes of 4-cycle
+// FMAs (decode, bf16, d = 128, 8 heads, Lk = 16k, 2 threads, `flashgrad
+// ab`, 7 pairs, against 4 rows: Lq = 16 1.38x, Lq = 24 1.11x; as 8 / 4
+// rows: 1.23x / 0.99x; 12 / 6: 1.23x / 1.06x; 16 / 12: Lq = 24 0.94x, Lq
+// = 31 0.90x of 16 / 8).
 constexpr int narrow_bf16_rows(int nv) { return nv == 1 ? 16 : 8; }
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
