@@ -29,7 +29,7 @@ constexpr int kNarrowAcc = 16;
 // ab`, 7 pairs, against 4 rows: Lq = 16 1.38x, Lq = 24 1.11x; as 8 / 4
 // rows: 1.23x / 0.99x; 12 / 6: 1.23x / 1.06x; 16 / 12: Lq = 24 0.94x, Lq
 // = 31 0.90x of 16 / 8).
-constexpr int narrow_bf16_rows(int nv) { return nv == 1 ? 16 : 8; }
+constexpr int narrow_bf16_rows(int nv) { return kNarrowAcc / nv; }
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm512_storeu_ps(p, v); }
