@@ -104,15 +104,14 @@ inline bool amx_call(const AttnParams& p) {
 }
 // Whether the avx512bf16 path runs a call on AVX512_BF16 dot products (both
 // passes, so the backward recomputes the forward's scores bit for bit): bf16
-// with at least 32 query rows per K/V head. Fewer take the avx512 path's
-// narrow and decode tiles, which read bf16 K and V where they lie, where
-// the dot products' row tiles pad to 32 rows and re-lay K and V as pairs
-// (decode, bf16, d = 128, 8 heads, 2 threads; Zen 5, `flashgrad ab`, 7
-// pairs, dot against narrow, Lk = 4096 / 16k: Lq = 16 0.95x / 0.88x, Lq =
-// 4 0.50x / 0.72x; Intel at half-rate dot products, K+V read per second,
-// Lk = 4096 / 64k: Lq = 8 5.1 / 5.0 against 6.4 / 6.8 GB/s).
+// with at least 8 query rows per K/V head, where 8 to 31 take narrow tiles
+// on dot products (forward.inl, narrow_dot_tile). Fewer take the avx512
+// path's decode tiles, which read bf16 K and V where they lie, where the
+// dot products' row tiles re-lay K and V as pairs (decode, bf16, d = 128, 8
+// heads, 2 threads; Zen 5, `flashgrad ab`, 7 pairs, dot row tiles against
+// avx512, Lk = 4096 / 16k: Lq = 4 0.50x / 0.72x).
 inline bool dot_call(const AttnParams& p) {
-  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 32;
+  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 8;
 }
 // pairs: the call runs on bf16 pair products (pair_products in
 // dispatch.hpp): the forward takes wider key tiles, the backward's pair

@@ -562,7 +562,8 @@ TEST_P(Bf16Forward, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   c = base(DType::bf16); c.dropout_p = 0.25; cs.push_back(c);
   c = base(DType::bf16); c.softmax_scale = 0.3; cs.push_back(c);
   c = base(DType::bf16); c.seqlens_q = {5, 0, 70, 1}; c.seqlens_k = {9, 4, 131, 0}; cs.push_back(c);
-  // 3 query rows (6 stacked) take the path's row tiles, 8 (16) the f32 narrow tiles.
+  // 3 query rows (6 stacked) take the path's row tiles, 8 (16) narrow tiles:
+  // on dot products on avx512bf16, AMX's own on amx.
   for (int64_t lq : {3, 8}) {
     c = base(DType::bf16); c.seqlen_q = lq; c.seqlen_k = 2 * 2048 + 37; c.head_dim = 16; c.head_dim_v = 8;
     c.causal = true; c.sinks = true; cs.push_back(c);
@@ -570,9 +571,9 @@ TEST_P(Bf16Forward, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   // Logits ~1e32: the backward needs S - lse <= 0 from the forward's lse, so
   // it must recompute S bit for bit as the forward computed it: it runs on
   // the forward's products (dot_call, amx_call). 33 query rows (66 stacked)
-  // take the dot products on avx512bf16, 8 (16 stacked) the f32 narrow
-  // tiles there and AMX's narrow tiles on amx; 1 (2 stacked) runs both
-  // passes on the f32 tiles on amx.
+  // take the dot products' row tiles on avx512bf16, 8 (16 stacked) its
+  // narrow tiles on dot products and AMX's narrow tiles on amx; 1 (2
+  // stacked) runs both passes on the f32 tiles on both paths.
   for (int64_t lq : {33, 8, 1}) {
     c = base(DType::bf16); c.seqlen_q = lq; c.head_dim = 64; c.input_scale = 1e16; c.causal = true;
     cs.push_back(c);
@@ -592,25 +593,39 @@ INSTANTIATE_TEST_SUITE_P(Paths, Bf16DotProducts, ::testing::Values(Isa::avx512bf
 // backward puts exp(S - lse) past 1 and dV out of bounds (docs/design.md).
 // The backward recomputes S on the same dot products, so both passes agree
 // bit for bit and the tolerance rule holds: here, through the API, whose
-// forward and backward both run on avx512bf16 under its label.
+// forward and backward both run on avx512bf16 under its label. 40 query
+// rows (80 stacked) take the row tiles, 12 (24) and 5 (10) the narrow
+// tiles two and one vector wide; 6 rows over 4133 keys split the keys,
+// each task over both K/V heads, whose rows lie side by side.
 TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
   if (kernels().isa != Isa::avx512bf16) GTEST_SKIP() << "the library runs " << isa_name() << " here";
-  for (int64_t d : {40, 128})
-    for (bool causal : {false, true}) {
-      Case c = base(DType::bf16);
-      c.seqlen_q = 40;
-      c.seqlen_k = 150;
-      c.head_dim = d;
-      c.input_scale = 1000.0;
-      c.softmax_scale = 0.3;
-      c.causal = causal;
-      c.window_left = causal ? 37 : -1;
-      c.name = "dot_recompute_d" + std::to_string(d);
-      const Problem p = make_problem(c);
-      ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
-                                       CallTensors{&p.q.view, &p.k.view, &p.v.view})));
-      expect_pass(c);
-    }
+  for (int64_t lq : {40, 12, 5})
+    for (int64_t d : {40, 128})
+      for (bool causal : {false, true}) {
+        Case c = base(DType::bf16);
+        c.seqlen_q = lq;
+        c.seqlen_k = 150;
+        c.head_dim = d;
+        c.input_scale = 1000.0;
+        c.softmax_scale = 0.3;
+        c.causal = causal;
+        c.window_left = causal ? 37 : -1;
+        c.name = "dot_recompute_lq" + std::to_string(lq) + "_d" + std::to_string(d);
+        const Problem p = make_problem(c);
+        ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
+                                         CallTensors{&p.q.view, &p.k.view, &p.v.view})));
+        expect_pass(c);
+      }
+  Case c = base(DType::bf16);
+  c.batch = 1;
+  c.seqlen_q = 6;
+  c.seqlen_k = 2 * 2048 + 37;
+  c.head_dim = 128;
+  c.head_dim_v = 64;
+  c.input_scale = 1000.0;
+  c.softmax_scale = 0.3;
+  c.name = "dot_recompute_split";
+  expect_pass(c);
 }
 
 }  // namespace

@@ -132,6 +132,43 @@ std::vector<float> gemm_pairs(const std::vector<uint16_t>& a, const std::vector<
 }
 
 void round_row(float* s, int64_t n) { round_bf16_pairs(s, n); }
+
+// S^T [16, w] = mul * K Q^T through the narrow tiles' products: K's nj rows
+// (ld elements apart, d each) as load_pairs_keys16 lays them out, Q's w
+// rows (d each) as pairs, transposed.
+std::vector<float> narrow_scores(const std::vector<uint16_t>& k, int64_t ld, int64_t nj, const std::vector<uint16_t>& q,
+                                 int64_t w, int64_t d, float mul) {
+  const int64_t kp = (d + 1) / 2, kpp = (kp + 15) / 16 * 16;
+  std::vector<uint32_t> kt(static_cast<size_t>(kpp * 16)), qp(static_cast<size_t>(w * kpp)),
+      qt(static_cast<size_t>(kp * w));
+  load_pairs_keys16(k.data(), ld, nj, d, kt.data());
+  for (int64_t r = 0; r < w; ++r) load_bf16_pairs(q.data() + r * d, d, kpp, qp.data() + r * kpp);
+  for (int64_t x = 0; x < kp; ++x)
+    for (int64_t r = 0; r < w; ++r) qt[static_cast<size_t>(x * w + r)] = qp[static_cast<size_t>(r * kpp + x)];
+  std::vector<float> c(static_cast<size_t>(16 * w));
+  LineWalk none_k, none_v;
+  if (w == 16)
+    gemm_bf16_keys16<1>(kp, kt.data(), qt.data(), w, c.data(), w, mul, none_k, none_v);
+  else
+    gemm_bf16_keys16<2>(kp, kt.data(), qt.data(), w, c.data(), w, mul, none_k, none_v);
+  return c;
+}
+
+// c [m, w] = c * alpha + V^T P^T through the narrow tiles' P V: V's 2 kp
+// rows (m each) interleaved two by two, P^T's rows ([2 kp, w] f32) rounded
+// to pairs.
+void narrow_pv(const std::vector<uint16_t>& v, const std::vector<float>& pt, int64_t kp, int64_t m, int64_t w,
+               const std::vector<float>& alpha, std::vector<float>& c) {
+  std::vector<uint32_t> vp(static_cast<size_t>(kp * m)), pp(static_cast<size_t>(kp * w));
+  for (int64_t x = 0; x < kp; ++x) {
+    interleave_bf16_rows(v.data() + 2 * x * m, v.data() + (2 * x + 1) * m, m, m, vp.data() + x * m);
+    interleave_f32_rows(pt.data() + 2 * x * w, pt.data() + (2 * x + 1) * w, w, pp.data() + x * w);
+  }
+  if (w == 16)
+    gemm_bf16_cols<1>(m, kp, vp.data(), m, pp.data(), c.data(), w, alpha.data());
+  else
+    gemm_bf16_cols<2>(m, kp, vp.data(), m, pp.data(), c.data(), w, alpha.data());
+}
 }  // namespace flashgrad::vec_bf16_test
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -191,6 +228,65 @@ TEST(Bf16Pairs, AccumulatingProductsAddTheSumToC) {
         for (int64_t p = 0; p < k; ++p) acc = std::fma(bf16_value(a[r * k + p]), bf16_value(b[p * n + c]), acc);
         const size_t i = static_cast<size_t>(r * n + c);
         ASSERT_EQ(got[i], c0[i] + acc) << "k " << k << " row " << r << " col " << c;
+      }
+  }
+}
+
+// The narrow tiles' scores on dot products (forward.inl, narrow_dot_tile)
+// must be the row path's and the backward's bit for bit, whatever the
+// scale: S^T from K's rows where they lie (ld apart, fewer than 16 at a
+// tile's end) is S = mul * Q K^T from gemm_bf16, transposed.
+TEST(Bf16Pairs, NarrowScoresAreTheRowProductsTransposed) {
+  if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  std::mt19937 gen(13);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float mul = 0.3f;
+  for (int64_t d : {1, 7, 64, 100, 128})
+    for (int64_t nj : {16, 5})
+      for (int64_t w : {16, 32}) {
+        const int64_t ld = 3 * d + 5;
+        std::vector<uint16_t> k(static_cast<size_t>(nj * ld)), q(static_cast<size_t>(w * d)),
+            kt(static_cast<size_t>(d * 32), 0);
+        for (auto& x : k) x = bf16_from(nd(gen)).bits;
+        for (auto& x : q) x = bf16_from(nd(gen)).bits;
+        for (int64_t j = 0; j < nj; ++j)
+          for (int64_t c = 0; c < d; ++c) kt[static_cast<size_t>(c * 32 + j)] = k[static_cast<size_t>(j * ld + c)];
+        const std::vector<float> want = vec_bf16_test::gemm_pairs(q, kt, w, 32, d, mul);
+        const std::vector<float> got = vec_bf16_test::narrow_scores(k, ld, nj, q, w, d, mul);
+        for (int64_t j = 0; j < nj; ++j)
+          for (int64_t i = 0; i < w; ++i)
+            ASSERT_EQ(got[static_cast<size_t>(j * w + i)], want[static_cast<size_t>(i * 32 + j)])
+                << "d " << d << " nj " << nj << " w " << w << " key " << j << " row " << i;
+      }
+}
+
+// The narrow tiles' P V: each O^T element's sum from zero over the keys in
+// index order, P rounded to bf16, then added to O^T * alpha with one
+// rounding.
+TEST(Bf16Pairs, NarrowPvSumsInKeyOrderThenRescales) {
+  if (!cpu_supports(Isa::avx512bf16)) GTEST_SKIP() << "this CPU lacks AVX512_BF16";
+  std::mt19937 gen(17);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (int64_t w : {16, 32}) {
+    const int64_t kp = 8, m = 48;
+    std::vector<uint16_t> v(static_cast<size_t>(2 * kp * m));
+    std::vector<float> pt(static_cast<size_t>(2 * kp * w)), alpha(static_cast<size_t>(w)),
+        c(static_cast<size_t>(m * w));
+    for (auto& x : v) x = bf16_from(nd(gen)).bits;
+    for (auto& x : pt) x = ud(gen);
+    for (auto& x : alpha) x = ud(gen);
+    for (auto& x : c) x = nd(gen);
+    const std::vector<float> c0 = c;
+    vec_bf16_test::narrow_pv(v, pt, kp, m, w, alpha, c);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < w; ++i) {
+        float acc = 0;
+        for (int64_t j = 0; j < 2 * kp; ++j)
+          acc = std::fma(bf16_value(v[static_cast<size_t>(j * m + r)]),
+                         bf16_value(bf16_from(pt[static_cast<size_t>(j * w + i)]).bits), acc);
+        const size_t e = static_cast<size_t>(r * w + i);
+        ASSERT_EQ(c[e], std::fma(c0[e], alpha[static_cast<size_t>(i)], acc)) << "w " << w << " row " << r << " col " << i;
       }
   }
 }

@@ -274,6 +274,15 @@ struct Bf16DotTiles {
 };
 #endif
 
+// Whether Tiles computes S on AVX512_BF16 dot products (Bf16DotTiles): its
+// narrow tiles then take S^T on the same products (narrow_dot_tile).
+template <typename Tiles>
+constexpr bool kDotTiles = false;
+#if FG_BF16_DOT
+template <>
+constexpr bool kDotTiles<Bf16DotTiles> = true;
+#endif
+
 template <typename Tiles>
 constexpr bool kAmxTiles = false;
 
@@ -483,6 +492,9 @@ constexpr int64_t kNarrowChunkedMinKeys = 2048;
 template <typename T, typename Acc, typename Tiles>
 bool narrow_usable(const AttnParams& p, int64_t mq, int64_t keys) {
 #if FG_VEC_GEMM
+  if constexpr (kDotTiles<Tiles>)
+    return mq >= kNarrowMinRows && mq <= std::min(kNarrowMaxRows, kNarrowWidth) && (!p.alibi || alibi_exact(p)) &&
+           p.k.dim_stride == 1 && p.v.dim_stride == 1;
   return mq >= kNarrowMinRows && mq <= kNarrowMaxRows && (mq <= kNarrowWidth || keys >= kNarrowChunkedMinKeys) &&
          keys_major_tiles<T, Acc, Tiles>(p);
 #else
@@ -805,6 +817,19 @@ int64_t narrow_ahead(const AttnParams& p, const Operand& o, int64_t b, int64_t s
   }
 }
 
+// A narrow tile's steps between its products, on S^T [nj, W] (in st): its
+// cap, ALiBi, bias and mask (sc), and the softmax step on m, l and alpha
+// ([W]), which leaves P^T in st.
+template <int Nv>
+void narrow_softmax(const AttnParams& p, int64_t nj, float* st, float* m, float* l, float* alpha, const float* lo,
+                    const float* hi, const ScoreCols<float>& sc, int64_t j0) {
+  constexpr int64_t W = Nv * kLanes;
+  if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
+  sc.apply(st, nj, W, W, j0);
+  softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
+  sc.dropout(st, nj, W, W, j0);
+}
+
 // narrow_tile's products and softmax for one chunk of W query rows (columns
 // of qt and ot, whose rows are ld apart, or W without chunks) over K rows kr
 // and V rows vr (kr_ld, vr_ld: their strides), of f32, or of bf16 read where
@@ -816,19 +841,16 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
                      const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
   const int64_t ld = Chunked ? chunked_ld : W;
-  constexpr int Mr = kNarrowAcc / Nv, MrBf16 = narrow_bf16_rows(Nv);
-  constexpr int MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : MrBf16;
-  constexpr int MrV = std::is_same<TV, float>::value ? Mr : MrBf16;
+  constexpr int Mr = kNarrowAcc / Nv;
+  constexpr int MrK = std::is_same<TK, float>::value ? (Mr < 8 ? Mr : 8) : narrow_bf16_rows(Nv);
+  constexpr int MrV = std::is_same<TV, float>::value ? Mr : narrow_bf16_rows(Nv);
   const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);
   const int64_t v_ahead = narrow_ahead<TV>(p, p.v, b, seq0, hk, nj, next, v_in_place, vr_ld);
   if (k_ahead)
     gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W, nullptr, k_ahead);
   else
     gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W);
-  if (p.softcap > 0) softcap_row(st, nj * W, static_cast<float>(p.softcap), nullptr);
-  sc.apply(st, nj, W, W, j0);
-  softmax_cols(st, nj, W, W, m, l, alpha, lo, hi, static_cast<float>(j0));
-  sc.dropout(st, nj, W, W, j0);
+  narrow_softmax<Nv>(p, nj, st, m, l, alpha, lo, hi, sc, j0);
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
   else
@@ -903,6 +925,80 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
   const float* vr = rows_f32<T>(p.v, b, seq0, hk, nj, p.head_dim_v, plan.dv_pad, vstage, vr_ld);
   narrow_chunks(p, b, seq0, hk, nj, next, kr, kr_ld, kr != kstage, vr, vr_ld, vr != vstage, w, qt, st, m, l, alpha,
                 ot, lo, hi, sc, j0);
+}
+#endif
+
+#if FG_BF16_DOT
+// The lines of K or V (o, dim elements a row) that head x of a task's nh
+// K/V heads (from hk - x) asks L2 for during its 16-key tile from seq0: the
+// rows kNarrowAheadKeys on, where rows lie closer than a page apart (as
+// narrow_ahead). Where the task's heads lie side by side in each row
+// ([batch, seq, heads, dim]), head x takes rows x * 16 / nh.. of the tile
+// ahead whole, across every head, so that the heads together ask for it in
+// memory order; a head's own rows alone, a page's worth of short pieces
+// per tile, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
+// 64k, 2 threads, `flashgrad ab` against the f32 narrow tiles, 9 pairs:
+// the head's rows 1.01x and 0.99x, whole rows 1.19x and 1.18x).
+inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t dim, int64_t b, int64_t seq0,
+                                int64_t hk, int64_t x, int64_t nh) {
+  const int64_t row_bytes = o.seq_stride * 2, span = dim * 2;
+  if (row_bytes >= kPageBytes || seq0 + kNarrowAheadKeys + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0)
+    return LineWalk{};
+  const auto* base = static_cast<const char*>(o.data);
+  const int64_t ahead = seq0 + kNarrowAheadKeys;
+  if (nh > 1 && o.head_stride == dim) {
+    const int64_t r0 = x * 16 / nh, r1 = (x + 1) * 16 / nh;
+    return LineWalk(base + row_offset(o, b, ahead + r0, hk - x) * 2, r1 - r0, nh * span, row_bytes);
+  }
+  return LineWalk(base + row_offset(o, b, ahead, hk) * 2, 16, span, row_bytes);
+}
+
+// A narrow tile of bf16 on AVX512_BF16 dot products, w <= 32 query rows:
+//   S^T [nj <= 16, w] = scale * K Q^T   K's rows as pairs transposed into kt
+//                                       (load_pairs_keys16), qtp = Q^T as
+//                                       pairs [dqk_pad / 2, w]
+//   O^T [dv_pad, w] = O^T * alpha + V^T P^T   V's pair rows in vp
+//                                       (interleave_bf16_rows), P^T's pairs
+//                                       [8, w] in ptp (interleave_f32_rows)
+// with narrow_softmax between. S^T's sums are gemm_bf16's, so every score
+// is the row path's and the backward's (PairBackward<DotProducts>) bit for
+// bit; P is rounded to bf16 as the row path's is.
+template <int Nv>
+void narrow_dot_products(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t x,
+                         int64_t nh, int64_t nj, const uint32_t* qtp, uint32_t* kt, uint32_t* vp, uint32_t* ptp,
+                         float* st, float* m, float* l, float* alpha, float* ot, const float* lo, const float* hi,
+                         const ScoreCols<float>& sc, int64_t j0) {
+  constexpr int64_t W = Nv * kLanes;
+  FG_DASSERT(nj <= 16 && p.k.dim_stride == 1 && p.v.dim_stride == 1);
+  const auto* kr = static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk);
+  load_pairs_keys16(kr, p.k.seq_stride, nj, p.head_dim, kt);
+  LineWalk wk = narrow_dot_walk(p, p.k, p.head_dim, b, seq0, hk, x, nh);
+  LineWalk wv = narrow_dot_walk(p, p.v, p.head_dim_v, b, seq0, hk, x, nh);
+  gemm_bf16_keys16<Nv>((p.head_dim + 1) / 2, kt, qtp, W, st, W, static_cast<float>(p.scale), wk, wv);
+  wk.rest();
+  wv.rest();
+  narrow_softmax<Nv>(p, nj, st, m, l, alpha, lo, hi, sc, j0);
+  constexpr int64_t kp = 8;  // key pairs of a 16-key tile; P^T is 0 past key nj
+  for (int64_t u = 0; u < kp; ++u) {
+    if (2 * u >= nj) {
+      std::memset(ptp + u * W, 0, W * 4);
+      continue;
+    }
+    interleave_f32_rows(st + 2 * u * W, 2 * u + 1 < nj ? st + (2 * u + 1) * W : nullptr, W, ptp + u * W);
+  }
+  Bf16DotTiles::load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, kp, plan.dv_pad, vp);
+  gemm_bf16_cols<Nv>(plan.dv_pad, kp, vp, plan.dv_pad, ptp, ot, W, alpha);
+}
+
+inline void narrow_dot_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk,
+                            int64_t x, int64_t nh, int64_t nj, int64_t w, const uint32_t* qtp, uint32_t* kt,
+                            uint32_t* vp, uint32_t* ptp, float* st, float* m, float* l, float* alpha, float* ot,
+                            const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
+  if (w <= kLanes)
+    return narrow_dot_products<1>(p, plan, b, seq0, hk, x, nh, nj, qtp, kt, vp, ptp, st, m, l, alpha, ot, lo, hi, sc,
+                                  j0);
+  FG_DASSERT(w == 2 * kLanes);
+  narrow_dot_products<2>(p, plan, b, seq0, hk, x, nh, nj, qtp, kt, vp, ptp, st, m, l, alpha, ot, lo, hi, sc, j0);
 }
 #endif
 
@@ -1110,13 +1206,14 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const int64_t amx_w = round_up(mq, kLanes);
   // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
   const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
+  const int64_t q_cols = kDotTiles<Tiles> ? plan.dqk_pad / 2 : plan.dqk_pad;  // Q's columns: elements or pairs
   if (keys_major) {  // zero past row mq; 16-row blocks in registers
     const int64_t r0 = mq / 16 * 16;
     for (int64_t x = 0; x < nh; ++x) {
-      transpose(r0, plan.dqk_pad, q + x * mq * ldq, ldq, qt + x * plan.dqk_pad * qt_ld, qt_ld);
-      for (int64_t c = 0; c < plan.dqk_pad; ++c)
+      transpose(r0, q_cols, q + x * mq * ldq, ldq, qt + x * q_cols * qt_ld, qt_ld);
+      for (int64_t c = 0; c < q_cols; ++c)
         for (int64_t r = r0; r < qt_cols; ++r)
-          qt[(x * plan.dqk_pad + c) * qt_ld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
+          qt[(x * q_cols + c) * qt_ld + r] = r < mq ? q[(x * mq + r) * ldq + c] : Acc(0);
     }
   }
   if (keys_major || amx_narrow) {
@@ -1229,7 +1326,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       }
     }
     if (keys_major && (kind == TileKind::full || keys_major_ranged)) {
-      const Acc *qtx = qt + x * plan.dqk_pad * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
+      const Acc *qtx = qt + x * q_cols * qt_ld, *lof = cut ? lo_f : nullptr, *hif = cut ? hi_f : nullptr;
       ScoreCols<Acc> sc;
       if (alibi_cols) sc.slope = slope_f + x * ms, sc.pos = pos_f;
       sc.rows = mq;
@@ -1237,6 +1334,12 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       if (mask_cols) sc.mrow = mrow + x * ms, sc.mask_cs = ctx[0].mask_cs;
       if (drop_cols) sc.drop_x = drop_x, sc.drop_bh = drop_bh + x * ms, sc.rng = &ctx[0].rng;
       if (narrow) {
+#if FG_BF16_DOT
+        if constexpr (kDotTiles<Tiles>)
+          return narrow_dot_tile(p, plan, b, k0 + j0, hk, x, nh, nj, qt_cols, reinterpret_cast<const uint32_t*>(qtx),
+                                 reinterpret_cast<uint32_t*>(kt), reinterpret_cast<uint32_t*>(v),
+                                 reinterpret_cast<uint32_t*>(stage), s, mx_, lx, ax, ox, lof, hif, sc, j0);
+#endif
         narrow_step<T>(p, plan, b, k0 + j0, hk, nj, next, qt_cols, qtx, v, stage, s, mx_, lx, ax, ox, lof, hif, sc,
                        j0);
       } else {

@@ -269,6 +269,130 @@ inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64
     default: gemm_bf16_rows<Add, 5>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
   }
 }
+
+// kt [round_up(kp, 16), 16] = n <= 16 rows of bf16 (ld elements apart, d
+// elements each, kp = (d + 1) / 2) as pairs, transposed: key j's pair p at
+// kt[16 p + j]; zero past row n and past element d.
+inline void load_pairs_keys16(const uint16_t* rows, int64_t ld, int64_t n, int64_t d, uint32_t* kt) {
+  for (int64_t c = 0; 2 * c < d; c += 16) {
+    const int64_t left = d - 2 * c;
+    const __mmask32 k = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n) {
+        r[j] = _mm512_setzero_ps();
+        continue;
+      }
+      r[j] = _mm512_castsi512_ps(_mm512_rol_epi32(_mm512_maskz_loadu_epi16(k, rows + j * ld + 2 * c), 16));
+    }
+    transpose_regs(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kt + (c + i) * 16, _mm512_castps_si512(r[i]));
+  }
+}
+
+// Lines to ask L2 for, one per step() in memory order: rows of span bytes
+// (a multiple of 64), ld bytes apart, from at; none once rows reaches 0.
+struct LineWalk {
+  const char* at = nullptr;
+  int64_t rows = 0, span = 0, ld = 0;
+  int64_t left = 0;  // bytes left in the row at `at`
+  LineWalk() = default;
+  LineWalk(const char* start, int64_t n, int64_t span_, int64_t ld_) : at(start), rows(n), span(span_), ld(ld_), left(span_) {}
+  void step() {
+    if (rows == 0) return;
+    _mm_prefetch(at, _MM_HINT_T1);
+    at += 64;
+    left -= 64;
+    if (left == 0) {
+      at += ld - span;
+      left = span;
+      --rows;
+    }
+  }
+  // The lines step() has not reached.
+  void rest() {
+    while (rows) step();
+  }
+};
+
+// C [16, 16 Nv] (row stride ldc) = mul * K Q^T over kp pairs, with K's
+// pairs as load_pairs_keys16 lays them out (kt) and Q^T's as [kp, ldq]
+// words: every sum from zero in pair order, as gemm_bf16's, whose product
+// it is with the operands' roles swapped (bf16 products are exact, so the
+// order of a product's factors changes nothing). Keys in blocks of 16 / Nv,
+// 16 accumulators. Each step of the first block walks a line of wk and wv.
+template <int Nv>
+inline void gemm_bf16_keys16(int64_t kp, const uint32_t* kt, const uint32_t* qt, int64_t ldq, float* c, int64_t ldc,
+                             float mul, LineWalk& wk, LineWalk& wv) {
+  constexpr int Keys = 16 / Nv;
+  const __m512 mv = _mm512_set1_ps(mul);
+  for (int j0 = 0; j0 < 16; j0 += Keys) {
+    __m512 acc[Keys][Nv];
+#pragma GCC unroll 16
+    for (int j = 0; j < Keys; ++j)
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) acc[j][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; ++p) {
+      if (j0 == 0) {
+        wk.step();
+        wv.step();
+      }
+      __m512bh bv[Nv];
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) bv[v] = as_pairs(_mm512_loadu_si512(qt + p * ldq + 16 * v));
+#pragma GCC unroll 16
+      for (int j = 0; j < Keys; ++j) {
+        const __m512bh av = as_pairs(_mm512_set1_epi32(static_cast<int>(kt[p * 16 + j0 + j])));
+#pragma GCC unroll 2
+        for (int v = 0; v < Nv; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], av, bv[v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < Keys; ++j)
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) _mm512_storeu_ps(c + (j0 + j) * ldc + 16 * v, _mm512_mul_ps(acc[j][v], mv));
+  }
+}
+
+// C [m, 16 Nv] (row stride ldc, m a multiple of 16 / Nv) = C * alpha + A B
+// over kp pairs: A's pair (r, p) at a[p * lda + r] (pair rows, as
+// interleave_bf16_rows lays out V), B [kp, 16 Nv] words, alpha [16 Nv]; each
+// sum from zero in pair order, then added with one rounding.
+template <int Nv>
+inline void gemm_bf16_cols(int64_t m, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c,
+                           int64_t ldc, const float* alpha) {
+  constexpr int Mr = 16 / Nv;
+  __m512 al[Nv];
+#pragma GCC unroll 2
+  for (int v = 0; v < Nv; ++v) al[v] = _mm512_loadu_ps(alpha + 16 * v);
+  for (int64_t r0 = 0; r0 < m; r0 += Mr) {
+    __m512 acc[Mr][Nv];
+#pragma GCC unroll 16
+    for (int r = 0; r < Mr; ++r)
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; ++p) {
+      __m512bh bv[Nv];
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) bv[v] = as_pairs(_mm512_loadu_si512(b + p * 16 * Nv + 16 * v));
+#pragma GCC unroll 16
+      for (int r = 0; r < Mr; ++r) {
+        const __m512bh av = as_pairs(_mm512_set1_epi32(static_cast<int>(a[p * lda + r0 + r])));
+#pragma GCC unroll 2
+        for (int v = 0; v < Nv; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Mr; ++r)
+#pragma GCC unroll 2
+      for (int v = 0; v < Nv; ++v) {
+        float* cr = c + (r0 + r) * ldc + 16 * v;
+        _mm512_storeu_ps(cr, _mm512_fmadd_ps(_mm512_loadu_ps(cr), al[v], acc[r][v]));
+      }
+  }
+}
 #endif
 
 #if FG_AMX
