@@ -54,6 +54,14 @@ struct Carver {
 
 }  // namespace
 
+// Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
+bool split_keys(const AttnParams& p) {
+  const int64_t acc_bytes = p.dtype == DType::f64 ? 8 : 4;
+  return p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys &&
+         sat_mul({ceil_div(p.seqlen_k, kSplitKeys), p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, acc_bytes}) <=
+             (int64_t{1} << 30);
+}
+
 TilePlan plan_forward(const AttnParams& p, bool pairs) {
   TilePlan t;
   choose_blocks(p, t);
@@ -79,12 +87,9 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   t.block_q = t.group * t.head_rows;
   t.bq_pad = round_up(t.block_q, kPad);
   t.split_k = std::max<int64_t>(p.seqlen_k, 1);
-  // Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
-  const int64_t splits = ceil_div(p.seqlen_k, kSplitKeys);
-  if (p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys &&
-      sat_mul({splits, p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, t.acc_bytes}) <= (int64_t{1} << 30)) {
+  if (split_keys(p)) {
     t.split_k = kSplitKeys;
-    t.splits = splits;
+    t.splits = ceil_div(p.seqlen_k, kSplitKeys);
     t.kv_heads = p.heads_kv;
   }
   Carver c{t.acc_bytes};

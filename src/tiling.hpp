@@ -57,6 +57,9 @@ struct BackwardScratch {
 // any number of threads.
 constexpr int64_t kSplitKeys = 2048;
 constexpr int64_t kSplitMaxRows = 16;
+// Whether the forward splits p's keys (then each task takes every K/V head
+// of its keys).
+bool split_keys(const AttnParams& p);
 
 struct TilePlan {
   // Forward: a tile stacks head_rows query rows of each of the `group` query
@@ -104,14 +107,22 @@ inline bool amx_call(const AttnParams& p) {
 }
 // Whether the avx512bf16 path runs a call on AVX512_BF16 dot products (both
 // passes, so the backward recomputes the forward's scores bit for bit): bf16
-// with at least 8 query rows per K/V head, where 8 to 31 take narrow tiles
-// on dot products (forward.inl, narrow_dot_tile). Fewer take the avx512
-// path's decode tiles, which read bf16 K and V where they lie, where the
-// dot products' row tiles re-lay K and V as pairs (decode, bf16, d = 128, 8
-// heads, 2 threads; Zen 5, `flashgrad ab`, 7 pairs, dot row tiles against
-// avx512, Lk = 4096 / 16k: Lq = 4 0.50x / 0.72x).
+// with at least 32 query rows per K/V head, or 8 to 31, which take narrow
+// tiles on dot products (forward.inl, narrow_dot_tile), where those read K
+// and V in memory order: the keys split (each task then takes every K/V
+// head of its rows) or each head's rows contiguous. Other calls
+// take the avx512 path, whose narrow tiles read bf16 K and V where they lie
+// between their FMAs, and whose decode tiles (fewer than 8 rows) read them
+// whole, where the dot products' row tiles re-lay K and V as pairs.
+// Decode, bf16, d = 128, 8 heads, 2 threads, Zen 5, `flashgrad ab`, 7
+// pairs, against avx512: dot row tiles, Lk = 4096 / 16k, Lq = 4 0.50x /
+// 0.72x; dot narrow tiles, a head's rows of [batch, seq, heads, dim] per
+// task, Lq = 24, Lk = 16k 0.85-0.98x (1.27-1.37x from L2).
 inline bool dot_call(const AttnParams& p) {
-  return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 8;
+  if (p.dtype != DType::bf16) return false;
+  const int64_t rows = p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1));
+  const bool contiguous = p.k.seq_stride == p.head_dim && p.v.seq_stride == p.head_dim_v;
+  return rows >= 32 || (rows >= 8 && (split_keys(p) || contiguous));
 }
 // pairs: the call runs on bf16 pair products (pair_products in
 // dispatch.hpp): the forward takes wider key tiles, the backward's pair

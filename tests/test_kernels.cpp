@@ -562,8 +562,8 @@ TEST_P(Bf16Forward, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   c = base(DType::bf16); c.dropout_p = 0.25; cs.push_back(c);
   c = base(DType::bf16); c.softmax_scale = 0.3; cs.push_back(c);
   c = base(DType::bf16); c.seqlens_q = {5, 0, 70, 1}; c.seqlens_k = {9, 4, 131, 0}; cs.push_back(c);
-  // 3 query rows (6 stacked) take the path's row tiles, 8 (16) narrow tiles:
-  // on dot products on avx512bf16, AMX's own on amx.
+  // 3 query rows (6 stacked) take the path's row tiles, 8 (16) over split
+  // keys narrow tiles: on dot products on avx512bf16, AMX's own on amx.
   for (int64_t lq : {3, 8}) {
     c = base(DType::bf16); c.seqlen_q = lq; c.seqlen_k = 2 * 2048 + 37; c.head_dim = 16; c.head_dim_v = 8;
     c.causal = true; c.sinks = true; cs.push_back(c);
@@ -571,9 +571,10 @@ TEST_P(Bf16Forward, FeaturesGroupsAndSplitKeysPassTheToleranceRule) {
   // Logits ~1e32: the backward needs S - lse <= 0 from the forward's lse, so
   // it must recompute S bit for bit as the forward computed it: it runs on
   // the forward's products (dot_call, amx_call). 33 query rows (66 stacked)
-  // take the dot products' row tiles on avx512bf16, 8 (16 stacked) its
-  // narrow tiles on dot products and AMX's narrow tiles on amx; 1 (2
-  // stacked) runs both passes on the f32 tiles on both paths.
+  // take the dot products' row tiles on avx512bf16; 8 (16 stacked) take
+  // the f32 narrow tiles there (keys not split, heads side by side) and
+  // AMX's narrow tiles on amx; 1 (2 stacked) runs both passes on the f32
+  // tiles on both paths.
   for (int64_t lq : {33, 8, 1}) {
     c = base(DType::bf16); c.seqlen_q = lq; c.head_dim = 64; c.input_scale = 1e16; c.causal = true;
     cs.push_back(c);
@@ -594,9 +595,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, Bf16DotProducts, ::testing::Values(Isa::avx512bf
 // The backward recomputes S on the same dot products, so both passes agree
 // bit for bit and the tolerance rule holds: here, through the API, whose
 // forward and backward both run on avx512bf16 under its label. 40 query
-// rows (80 stacked) take the row tiles, 12 (24) and 5 (10) the narrow
-// tiles two and one vector wide; 6 rows over 4133 keys split the keys,
-// each task over both K/V heads, whose rows lie side by side.
+// rows (80 stacked) take the row tiles; 12 (24) and 5 (10), with each
+// head's rows contiguous, the narrow tiles two and one vector wide; 6 rows
+// over 4133 keys split the keys, each task over both K/V heads, whose rows
+// lie side by side.
 TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
   if (kernels().isa != Isa::avx512bf16) GTEST_SKIP() << "the library runs " << isa_name() << " here";
   for (int64_t lq : {40, 12, 5})
@@ -605,6 +607,7 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
         Case c = base(DType::bf16);
         c.seqlen_q = lq;
         c.seqlen_k = 150;
+        if (lq < 16) c.layout = Layout::bhsd;
         c.head_dim = d;
         c.input_scale = 1000.0;
         c.softmax_scale = 0.3;
@@ -625,6 +628,9 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
   c.input_scale = 1000.0;
   c.softmax_scale = 0.3;
   c.name = "dot_recompute_split";
+  const Problem p = make_problem(c);
+  ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
+                                   CallTensors{&p.q.view, &p.k.view, &p.v.view})));
   expect_pass(c);
 }
 

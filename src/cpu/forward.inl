@@ -930,26 +930,27 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 
 #if FG_BF16_DOT
 // The lines of K or V (o, dim elements a row) that head x of a task's nh
-// K/V heads (from hk - x) asks L2 for during its 16-key tile from seq0: the
-// rows kNarrowAheadKeys on, where rows lie closer than a page apart (as
-// narrow_ahead). Where the task's heads lie side by side in each row
-// ([batch, seq, heads, dim]), head x takes rows x * 16 / nh.. of the tile
-// ahead whole, across every head, so that the heads together ask for it in
-// memory order; a head's own rows alone, a page's worth of short pieces
-// per tile, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
+// K/V heads (from hk - x) asks L2 for during its 16-key tile from seq0:
+// those of the tile kNarrowAheadKeys on. Where the task's heads lie side by
+// side in each row ([batch, seq, heads, dim]), head x takes rows x * 16 /
+// nh.. of that tile whole, across every head, so that the heads together
+// ask for it in memory order; a head's own rows alone, short pieces a row
+// apart, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
 // 64k, 2 threads, `flashgrad ab` against the f32 narrow tiles, 9 pairs:
-// the head's rows 1.01x and 0.99x, whole rows 1.19x and 1.18x).
+// the head's rows 1.01x and 0.99x, whole rows 1.19x and 1.18x; 16 heads,
+// rows a page apart: none asked for 0.90x, whole rows 1.45x). A head's own
+// rows otherwise, where they lie closer than a page apart (narrow_ahead).
 inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t dim, int64_t b, int64_t seq0,
                                 int64_t hk, int64_t x, int64_t nh) {
   const int64_t row_bytes = o.seq_stride * 2, span = dim * 2;
-  if (row_bytes >= kPageBytes || seq0 + kNarrowAheadKeys + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0)
-    return LineWalk{};
+  if (seq0 + kNarrowAheadKeys + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0) return LineWalk{};
   const auto* base = static_cast<const char*>(o.data);
   const int64_t ahead = seq0 + kNarrowAheadKeys;
   if (nh > 1 && o.head_stride == dim) {
     const int64_t r0 = x * 16 / nh, r1 = (x + 1) * 16 / nh;
     return LineWalk(base + row_offset(o, b, ahead + r0, hk - x) * 2, r1 - r0, nh * span, row_bytes);
   }
+  if (row_bytes >= kPageBytes) return LineWalk{};
   return LineWalk(base + row_offset(o, b, ahead, hk) * 2, 16, span, row_bytes);
 }
 
