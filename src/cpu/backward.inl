@@ -89,6 +89,7 @@ struct F32Backward {
 //   AmxProducts  AMX tiles (gemm_amx), the scale on q's pairs when it is a
 //                power of two, else on S after, as AmxTiles
 struct DotProducts {
+  static constexpr int64_t kRowPairs = 1;  // the dK/dV products' pairs of query rows come in steps of this
   static float s_mul(const AttnParams& p) { return static_cast<float>(p.scale); }
   static void scale_q(const AttnParams&, uint32_t*, int64_t) {}
   template <bool Add>
@@ -100,6 +101,7 @@ struct DotProducts {
 
 #if FG_AMX
 struct AmxProducts {
+  static constexpr int64_t kRowPairs = 16;
   AmxProducts() { amx_configure(); }
   ~AmxProducts() { _tile_release(); }
   AmxProducts(const AmxProducts&) = delete;
@@ -124,7 +126,8 @@ struct AmxProducts {
 //   S  = q K^T      q as row pairs [mq, dqk_pad / 2], K^T pairs [dqk_pad / 2, bk_ld]
 //   dP = dO V^T     dO as row pairs, V^T pairs [dv_pad / 2, bk_ld]
 //   dV^T += dO^T P  dO^T as pairs of query rows [dv_pad, mh], P as pairs of
-//                   query rows [mh, bk_ld] (mh = round_up(mq, 32) / 2)
+//                   query rows [mh, bk_ld] (mh: (mq + 1) / 2 pairs, rounded
+//                   up to 16, or under 16 to the engine's step, kRowPairs)
 //   dK^T += Q^T dS  likewise (q unscaled: dK takes the scale when stored)
 //   dQ += dS K      dS rows rounded to pairs in place, K as pairs of key rows
 //                   [bk_pad / 2, dqk_pad]
@@ -159,12 +162,23 @@ struct PairBackward {
       Bf16DotTiles::load_pairs(p.dout, ctx.b, q0 + r, ctx.h, p.head_dim_v, dvp, dop + r * dvp);
     }
     Products::scale_q(p, qp, qb.mq * dp);
-    mh = round_up(qb.mq, kPad) / 2;
+    const int64_t pairs = (qb.mq + 1) / 2;
+    mh = round_up(pairs, pairs < 16 ? Products::kRowPairs : 16);
     if (!transposed) return;
     Bf16DotTiles::load_pair_rows(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, mh, plan.dqk_pad, words(stage));
-    transpose(mh, plan.dqk_pad, stage, plan.dqk_pad, reinterpret_cast<float*>(qtp), mh);
+    transpose_pairs(mh, plan.dqk_pad, stage, qtp);
     Bf16DotTiles::load_pair_rows(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, mh, plan.dv_pad, words(stage));
-    transpose(mh, plan.dv_pad, stage, plan.dv_pad, reinterpret_cast<float*>(dotp), mh);
+    transpose_pairs(mh, plan.dv_pad, stage, dotp);
+  }
+  // dst [cols, mh] = src [mh, cols] (words); cols is a multiple of 16. The
+  // register blocks take mh in steps of 16; fewer pair rows (a query block
+  // of under 32 rows on the dot products) go element by element, so that
+  // the dK/dV products run over the block's own pairs, not 16.
+  static void transpose_pairs(int64_t mh, int64_t cols, const float* src, uint32_t* dst) {
+    if (mh % 16 == 0) return transpose(mh, cols, src, cols, reinterpret_cast<float*>(dst), mh);
+    const auto* w = reinterpret_cast<const uint32_t*>(src);
+    for (int64_t r = 0; r < mh; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[c * mh + r] = w[r * cols + c];
   }
   // Keys [seq0, seq0 + nj) of head hk: K^T and V^T pairs into kt and vt
   // and, for dQ, K as pairs of key rows into k_rows (if not null).
