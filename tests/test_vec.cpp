@@ -286,7 +286,8 @@ TEST(Bf16Pairs, NarrowPvSumsInKeyOrderThenRescales) {
           acc = std::fma(bf16_value(v[static_cast<size_t>(j * m + r)]),
                          bf16_value(bf16_from(pt[static_cast<size_t>(j * w + i)]).bits), acc);
         const size_t e = static_cast<size_t>(r * w + i);
-        ASSERT_EQ(c[e], std::fma(c0[e], alpha[static_cast<size_t>(i)], acc)) << "w " << w << " row " << r << " col " << i;
+        ASSERT_EQ(c[e], std::fma(c0[e], alpha[static_cast<size_t>(i)], acc))
+            << "w " << w << " row " << r << " col " << i;
       }
   }
 }

@@ -299,7 +299,8 @@ struct LineWalk {
   int64_t rows = 0, span = 0, ld = 0;
   int64_t left = 0;  // bytes left in the row at `at`
   LineWalk() = default;
-  LineWalk(const char* start, int64_t n, int64_t span_, int64_t ld_) : at(start), rows(n), span(span_), ld(ld_), left(span_) {}
+  LineWalk(const char* start, int64_t n, int64_t span_, int64_t ld_)
+      : at(start), rows(n), span(span_), ld(ld_), left(span_) {}
   void step() {
     if (rows == 0) return;
     _mm_prefetch(at, _MM_HINT_T1);
