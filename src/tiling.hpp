@@ -117,7 +117,8 @@ inline bool amx_call(const AttnParams& p) {
 // Decode, bf16, d = 128, 8 heads, 2 threads, Zen 5, `flashgrad ab`, 7
 // pairs, against avx512: dot row tiles, Lk = 4096 / 16k, Lq = 4 0.50x /
 // 0.72x; dot narrow tiles, a head's rows of [batch, seq, heads, dim] per
-// task, Lq = 24, Lk = 16k 0.85-0.98x (1.27-1.37x from L2).
+// task, Lq = 24, Lk = 16k 0.77-0.98x however its rows were asked for
+// (1.27-1.37x from L2).
 inline bool dot_call(const AttnParams& p) {
   if (p.dtype != DType::bf16) return false;
   const int64_t rows = p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1));
