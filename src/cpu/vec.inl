@@ -502,15 +502,14 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 // once, in memory order (forward.inl, heads_across).
 
 // kLanes elements of T from src to dst, as they are, in pieces of at most
-// 32 bytes: decode's reads from DRAM went faster the more the copies were
-// spread out, down to half a line. f32 on AVX-512 against whole 64-byte
-// lines (Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab --pass
-// forward`, 11 pairs; the unchanged build against itself 1.005x): Lk =
-// 4096 1.02x, 16k 1.06x, 64k 1.06-1.13x (d = 64 1.06x, 16 heads 1.05x, Lq
-// = 2 1.05x), 128k 1.06-1.09x (avx512 path 1.10x); 16-byte pieces against
-// 32: 0.98x. bf16 in
-// 32-byte pieces against 64: 0.84x at 64k, 0.77x at 128k; 16-byte pieces
-// against 32: 1.01x.
+// 32 bytes: decode read K faster from DRAM when its copies were spread out
+// down to half a line. Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab
+// --pass forward`, 11 pairs (the unchanged build against itself 1.005x):
+// f32 on AVX-512 in 32-byte pieces against whole lines, Lk = 4096 1.02x,
+// 16k 1.06x, 64k 1.06-1.13x (d = 64 1.06x, 16 heads 1.05x, Lq = 2 1.05x),
+// 128k 1.06-1.09x (avx512 path 1.10x); in 16-byte pieces against 32,
+// 0.98x. bf16 in whole lines against 32-byte pieces, 0.84x at 64k and
+// 0.77x at 128k; in 16-byte pieces, 1.01x.
 template <typename T>
 inline void copy_lanes(T* dst, const T* src) {
   constexpr int64_t kPiece = std::min<int64_t>(kLanes, 32 / sizeof(T));
