@@ -54,13 +54,19 @@ struct Carver {
 
 }  // namespace
 
-// Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
-bool split_keys(const AttnParams& p) {
+int64_t split_length(const AttnParams& p) {
+  const int64_t lk = std::max<int64_t>(p.seqlen_k, 1);
+  if (p.seqlen_q > kSplitMaxRows) return lk;
+  int64_t n = ceil_div(lk, kSplitKeys);
+  const bool rows_side_by_side = p.heads_kv > 1 && p.k.head_stride == p.head_dim && p.v.head_stride == p.head_dim_v;
+  if (rows_side_by_side && lk >= 2 * kSplitMinKeys) n = std::max<int64_t>(n, 2);
+  // Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
   const int64_t acc_bytes = p.dtype == DType::f64 ? 8 : 4;
-  return p.seqlen_q <= kSplitMaxRows && p.seqlen_k > kSplitKeys &&
-         sat_mul({ceil_div(p.seqlen_k, kSplitKeys), p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, acc_bytes}) <=
-             (int64_t{1} << 30);
+  if (n == 1 || sat_mul({n, p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, acc_bytes}) > (int64_t{1} << 30)) return lk;
+  return round_up(ceil_div(lk, n), kSplitAlign);
 }
+
+bool split_keys(const AttnParams& p) { return split_length(p) < p.seqlen_k; }
 
 TilePlan plan_forward(const AttnParams& p, bool pairs) {
   TilePlan t;
@@ -88,8 +94,8 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   t.bq_pad = round_up(t.block_q, kPad);
   t.split_k = std::max<int64_t>(p.seqlen_k, 1);
   if (split_keys(p)) {
-    t.split_k = kSplitKeys;
-    t.splits = ceil_div(p.seqlen_k, kSplitKeys);
+    t.split_k = split_length(p);
+    t.splits = ceil_div(p.seqlen_k, t.split_k);
     t.kv_heads = p.heads_kv;
   }
   Carver c{t.acc_bytes};

@@ -143,6 +143,38 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
   expect_pass(v);
 }
 
+// Fewer keys than kSplitKeys still split in two where the K/V heads' rows
+// lie side by side ([batch, seq, heads, dim]), into runs of equal length;
+// [batch, heads, seq, dim] does not split them.
+TEST_F(Kernels, ShortQueriesSplitFewKeysWhereHeadRowsLieSideBySide) {
+  for (auto [lq, t] : {std::pair{int64_t{1}, DType::f32}, std::pair{int64_t{16}, DType::f32},
+                      std::pair{int64_t{5}, DType::bf16}}) {
+    Case c = base(t);
+    c.batch = 2;
+    c.seqlen_q = lq;
+    c.seqlen_k = 300;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = 32;
+    c.head_dim_v = 16;
+    c.name = "split_few_keys_" + std::to_string(lq);
+    for (Layout layout : {Layout::bshd, Layout::bhsd}) {
+      c.layout = layout;
+      const Problem p = make_problem(c);
+      const int64_t run = split_length(make_params("test_kernels", CallKind::workspace, p.opts,
+                                                   CallTensors{&p.q.view, &p.k.view, &p.v.view}));
+      ASSERT_EQ(run, layout == Layout::bshd ? 192 : 300) << c.describe();
+    }
+    c.layout = Layout::bshd;
+    expect_pass(c);
+    c.causal = true;
+    c.window_left = 80;  // the first run sees no key
+    c.sinks = true;
+    c.softcap = 2.5;
+    expect_pass(c);
+  }
+}
+
 // Query tiles of one to four rows (decode: Lq = 1, MHA or 2-4 query heads
 // per K/V head) read V rows in place when dv is a multiple of 32; K rows
 // with d = 64 are transposed where they lie, the last Lk mod 16 through
