@@ -62,7 +62,7 @@ struct BackwardScratch {
 // dim], 2 threads, K and V read from DRAM (calls cycling through 256 MiB of
 // problems), medians: Lq = 1 f32, Lk = 256 1.27x, 1024 1.12x, 2048 1.19x,
 // 3000 1.41x; bf16 1.55x, 1.43x, 2.07x, 1.46x; Lk = 2048, Lq = 4 f32 1.37x,
-// bf16 1.91x, Lq = 16 1.45x, 1.53x; Lk = 128 split in two 0.99x.
+// bf16 1.91x, Lq = 16 1.45x, 1.53x.
 constexpr int64_t kSplitKeys = 2048;
 constexpr int64_t kSplitMinKeys = 128;
 constexpr int64_t kSplitAlign = 64;
