@@ -59,7 +59,9 @@ int64_t split_length(const AttnParams& p) {
   if (p.seqlen_q > kSplitMaxRows) return lk;
   int64_t n = ceil_div(lk, kSplitKeys);
   const bool rows_side_by_side = p.heads_kv > 1 && p.k.head_stride == p.head_dim && p.v.head_stride == p.head_dim_v;
-  if (rows_side_by_side && lk >= 2 * kSplitMinKeys) n = std::max<int64_t>(n, 2);
+  const bool one_task = p.batch * p.heads_kv == 1;
+  if ((rows_side_by_side && lk >= 2 * kSplitMinKeys) || (one_task && lk >= 2 * kSplitMinKeysOneHead))
+    n = std::max<int64_t>(n, 2);
   // Split partials beyond 1 GiB (absurd batch * heads) are not worth it.
   const int64_t acc_bytes = p.dtype == DType::f64 ? 8 : 4;
   if (n == 1 || sat_mul({n, p.batch, p.heads_q, p.seqlen_q, p.head_dim_v + 1, acc_bytes}) > (int64_t{1} << 30)) return lk;

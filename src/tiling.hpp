@@ -55,16 +55,21 @@ struct BackwardScratch {
 // A short-query forward (seqlen_q <= kSplitMaxRows) splits its keys into
 // ceil(seqlen_k / kSplitKeys) runs of about equal length (rounded up to
 // kSplitAlign keys), and into at least two where the K/V heads' rows lie
-// side by side and seqlen_k >= 2 * kSplitMinKeys. The runs follow from the
-// shapes alone, not from the thread count, so results stay bitwise
-// identical for any number of threads. Against whole runs of 2048 (one
-// task per K/V head below that), d = 128, 8 heads, [batch, seq, heads,
-// dim], 2 threads, K and V read from DRAM (calls cycling through 256 MiB of
-// problems), medians: Lq = 1 f32, Lk = 256 1.27x, 1024 1.12x, 2048 1.19x,
-// 3000 1.41x; bf16 1.55x, 1.43x, 2.07x, 1.46x; Lk = 2048, Lq = 4 f32 1.37x,
-// bf16 1.91x, Lq = 16 1.45x, 1.53x.
+// side by side and seqlen_k >= 2 * kSplitMinKeys, or where the call has one
+// K/V head (batch * heads_kv = 1, one task otherwise) and seqlen_k >= 2 *
+// kSplitMinKeysOneHead. The runs follow from the shapes alone, not from the
+// thread count, so results stay bitwise identical for any number of
+// threads. Against whole runs of 2048 (one task per K/V head below that), d
+// = 128, 2 threads, K and V read from DRAM (calls cycling through 256 MiB
+// of problems), medians: 8 heads, [batch, seq, heads, dim], Lq = 1 f32, Lk
+// = 256 1.27x, 1024 1.12x, 2048 1.19x, 3000 1.41x; bf16 1.55x, 1.43x,
+// 2.07x, 1.46x; Lk = 2048, Lq = 4 f32 1.37x, bf16 1.91x, Lq = 16 1.45x,
+// 1.53x. 8 query heads over 1 K/V head, Lq = 1, Lk = 512 / 1024 / 2048:
+// f32 1.46x / 1.48x / 1.76x, bf16 1.21x / 1.52x / 1.73x; Lk = 256 in two
+// runs of 128, f32 1.05x, bf16 0.87x.
 constexpr int64_t kSplitKeys = 2048;
 constexpr int64_t kSplitMinKeys = 128;
+constexpr int64_t kSplitMinKeysOneHead = 256;
 constexpr int64_t kSplitAlign = 64;
 constexpr int64_t kSplitMaxRows = 16;
 // Keys per run of p's forward (seqlen_k, at least 1, where it does not split).

@@ -143,6 +143,13 @@ TEST_F(Kernels, ShortQueriesSplitTheKeys) {
   expect_pass(v);
 }
 
+// Keys of short queries as tiling.hpp splits them, with p's shapes.
+int64_t split_length_of(const Case& c) {
+  const Problem p = make_problem(c);
+  return split_length(make_params("test_kernels", CallKind::workspace, p.opts,
+                                  CallTensors{&p.q.view, &p.k.view, &p.v.view}));
+}
+
 // Fewer keys than kSplitKeys still split in two where the K/V heads' rows
 // lie side by side ([batch, seq, heads, dim]), into runs of equal length;
 // [batch, heads, seq, dim] does not split them.
@@ -160,10 +167,7 @@ TEST_F(Kernels, ShortQueriesSplitFewKeysWhereHeadRowsLieSideBySide) {
     c.name = "split_few_keys_" + std::to_string(lq);
     for (Layout layout : {Layout::bshd, Layout::bhsd}) {
       c.layout = layout;
-      const Problem p = make_problem(c);
-      const int64_t run = split_length(make_params("test_kernels", CallKind::workspace, p.opts,
-                                                   CallTensors{&p.q.view, &p.k.view, &p.v.view}));
-      ASSERT_EQ(run, layout == Layout::bshd ? 192 : 300) << c.describe();
+      ASSERT_EQ(split_length_of(c), layout == Layout::bshd ? 192 : 300) << c.describe();
     }
     c.layout = Layout::bshd;
     expect_pass(c);
@@ -171,6 +175,33 @@ TEST_F(Kernels, ShortQueriesSplitFewKeysWhereHeadRowsLieSideBySide) {
     c.window_left = 80;  // the first run sees no key
     c.sinks = true;
     c.softcap = 2.5;
+    expect_pass(c);
+  }
+}
+
+// A call with one K/V head (one task otherwise) splits from 512 keys, in
+// either layout.
+TEST_F(Kernels, ShortQueriesSplitTheKeysOfOneKvHead) {
+  for (DType t : {DType::f32, DType::bf16}) {
+    Case c = base(t);
+    c.batch = 1;
+    c.seqlen_q = 2;
+    c.heads_q = 4;
+    c.heads_kv = 1;
+    c.head_dim = 24;
+    c.head_dim_v = 40;
+    c.name = "split_one_kv_head";
+    for (Layout layout : {Layout::bshd, Layout::bhsd}) {
+      c.layout = layout;
+      c.seqlen_k = 300;
+      ASSERT_EQ(split_length_of(c), 300) << c.describe();
+      c.seqlen_k = 600;
+      ASSERT_EQ(split_length_of(c), 320) << c.describe();
+      expect_pass(c);
+    }
+    c.causal = true;
+    c.window_left = 250;  // the first run sees no key
+    c.sinks = true;
     expect_pass(c);
   }
 }
