@@ -25,20 +25,54 @@ struct Timing {
   double gflops() const { return flops / median_s() / 1e9; }
 };
 
-std::vector<Timing> time_passes(const testing::Problem& p, int64_t warmup, int64_t repeats) {
-  testing::Outputs o = testing::make_outputs(p, false);
-  const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
-  auto fwd = [&] { forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view); };
-  auto bwd = [&] { backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g); };
-  const double f = p.c.forward_flops();
+// The timed calls take problems (copies of one shape, new seeds) in turn,
+// each with its own outputs.
+struct Rotation {
+  std::vector<testing::Problem> copies;
+  std::vector<const testing::Problem*> problems;
+  std::vector<testing::Outputs> outputs;
+  size_t next = 0;
+  size_t take() { return next++ % problems.size(); }
+};
+
+// p, then copies of it until their inputs add up to cold_mib: each call then
+// reads q, k, v and dout from memory, not from the cache that the call before
+// left warm (a decode step reads a KV cache that many layers' reads evicted).
+void fill_rotation(Rotation& r, const testing::Problem& p, int64_t cold_mib) {
+  const int64_t bytes = static_cast<int64_t>(p.q.bytes.size() + p.k.bytes.size() + p.v.bytes.size() +
+                                             p.dout.bytes.size());
+  for (int64_t total = bytes; total < cold_mib * (int64_t{1} << 20); total += bytes) {
+    Case c = p.c;
+    c.seed += r.copies.size() + 1;
+    r.copies.push_back(testing::make_problem(c));
+  }
+  r.problems.push_back(&p);
+  for (const testing::Problem& x : r.copies) r.problems.push_back(&x);
+  for (const testing::Problem* x : r.problems) r.outputs.push_back(testing::make_outputs(*x, false));
+}
+
+std::vector<Timing> time_passes(Rotation& r, int64_t warmup, int64_t repeats) {
+  auto fwd_of = [&](size_t i) {
+    const testing::Problem& p = *r.problems[i];
+    testing::Outputs& o = r.outputs[i];
+    forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);
+  };
+  auto bwd_of = [&](size_t i) {
+    const testing::Problem& p = *r.problems[i];
+    testing::Outputs& o = r.outputs[i];
+    const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
+    backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
+  };
+  const double f = r.problems.front()->c.forward_flops();
   std::vector<Timing> out;
-  out.push_back({"forward", "forward", f, time_calls(fwd, warmup, repeats)});
-  out.push_back({"backward", "backward", 2.5 * f, time_calls(bwd, warmup, repeats)});
+  out.push_back({"forward", "forward", f, time_calls([&] { fwd_of(r.take()); }, warmup, repeats)});
+  out.push_back({"backward", "backward", 2.5 * f, time_calls([&] { bwd_of(r.take()); }, warmup, repeats)});
   out.push_back({"forward+backward", "forward_backward", 3.5 * f,
                  time_calls(
                      [&] {
-                       fwd();
-                       bwd();
+                       const size_t i = r.take();
+                       fwd_of(i);
+                       bwd_of(i);
                      },
                      warmup, repeats)});
   return out;
@@ -62,7 +96,7 @@ std::string config_json(const Case& c) {
 
 void print_json(const Case& c, const Case& small, const testing::Report& r, int threads,
                 const std::vector<Timing>& timings, int64_t warmup, int64_t repeats, int64_t ws_fwd,
-                int64_t ws_bwd) {
+                int64_t ws_bwd, size_t copies) {
   Json j;
   j.add("version", version()).add("isa", isa_name()).add("threads", threads);
   j.add_raw("config", config_json(c));
@@ -72,7 +106,7 @@ void print_json(const Case& c, const Case& small, const testing::Report& r, int 
                          .add("worst_fraction_of_bound", worst_fraction(r))
                          .str());
   j.add_raw("workspace_bytes", Json().add("forward", ws_fwd).add("backward", ws_bwd).str());
-  j.add("warmup", warmup).add("repeats", repeats);
+  j.add("warmup", warmup).add("repeats", repeats).add("input_copies", static_cast<int64_t>(copies));
   for (const Timing& t : timings)
     j.add_raw(t.key, Json()
                          .add("flops", t.flops)
@@ -84,12 +118,14 @@ void print_json(const Case& c, const Case& small, const testing::Report& r, int 
 }
 
 void print_table(const Case& c, const Case& small, const testing::Report& r, int threads,
-                 const std::vector<Timing>& timings, int64_t repeats, int64_t ws_fwd, int64_t ws_bwd) {
+                 const std::vector<Timing>& timings, int64_t repeats, int64_t ws_fwd, int64_t ws_bwd,
+                 size_t copies) {
   std::printf("flashgrad %s bench: isa %s, %d threads\n", version().c_str(), isa_name(), threads);
   std::printf("config:    %s\n", c.describe().c_str());
   std::printf("check:     ok on %s (worst error %.2f of its bound)\n", small.describe().c_str(),
               worst_fraction(r));
   std::printf("workspace: forward %.2f MiB, backward %.2f MiB\n", mib(ws_fwd), mib(ws_bwd));
+  if (copies > 1) std::printf("inputs:    %zu copies, taken in turn\n", copies);
   std::printf("\n%-18s %12s %12s %10s   (median of %lld)\n", "pass", "median ms", "min ms", "GFLOP/s",
               static_cast<long long>(repeats));
   for (const Timing& t : timings)
@@ -105,6 +141,7 @@ int run_bench(Args& args) {
   const int64_t repeats = args.integer("--repeats", 5, 1);
   const int64_t warmup = args.integer("--warmup", 1, 0);
   const bool json = args.has("--json");
+  const int64_t cold_mib = args.integer("--cold-mib", 0, 0);
   args.finish();
   const int threads = c.num_threads > 0 ? c.num_threads : max_threads();
 
@@ -119,11 +156,13 @@ int run_bench(Args& args) {
   const testing::Problem p = testing::make_problem(c);
   const int64_t ws_fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
   const int64_t ws_bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
-  const std::vector<Timing> timings = time_passes(p, warmup, repeats);
+  Rotation calls;
+  fill_rotation(calls, p, cold_mib);
+  const std::vector<Timing> timings = time_passes(calls, warmup, repeats);
   if (json)
-    print_json(c, small, r, threads, timings, warmup, repeats, ws_fwd, ws_bwd);
+    print_json(c, small, r, threads, timings, warmup, repeats, ws_fwd, ws_bwd, calls.problems.size());
   else
-    print_table(c, small, r, threads, timings, repeats, ws_fwd, ws_bwd);
+    print_table(c, small, r, threads, timings, repeats, ws_fwd, ws_bwd, calls.problems.size());
   return 0;
 }
 
