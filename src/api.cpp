@@ -75,7 +75,11 @@ int64_t TensorView::numel() const {
 namespace {
 
 // Threads: never more than there are independent tasks of the larger pass.
-void resolve(AttnParams& p) { p.num_threads = resolve_threads(p.num_threads); }
+// FLASHGRAD_SPIN_US is checked here, at the boundary, before the pool reads it.
+void resolve(AttnParams& p) {
+  spin_microseconds();
+  p.num_threads = resolve_threads(p.num_threads);
+}
 
 }  // namespace
 

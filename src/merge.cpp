@@ -27,6 +27,7 @@ void merge_all(const MergeParams& m) {
 void merge(const TensorView& o_acc, const TensorView& lse_acc, const TensorView& o_part,
            const TensorView& lse_part, int num_threads) {
   const MergeParams m = make_merge_params("merge", o_acc, lse_acc, o_part, lse_part, num_threads);
+  spin_microseconds();
   if (m.dtype == DType::f64)
     merge_all<double>(m);
   else

@@ -4,11 +4,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "flashgrad/flashgrad.hpp"
 
 namespace flashgrad {
 namespace {
@@ -94,18 +100,27 @@ class Pool {
     }
   }
 
-  // A worker that has just finished watches for the next job for kSpin
+  // A worker that has just finished watches for the next job for spin_
   // before it sleeps: a sleeping worker started its first task 12-17 us
   // after the call (2-core Zen 5 VM), a whole task in short calls. Back to
   // back calls, 2 threads, old -> new medians: f32 L = 128, d = 64, 8
   // heads, forward 142-150 -> 124-126 us, backward 355 -> 298; decode (Lq
   // = 1, d = 128) Lk = 128 27-28 -> 15-16 us, Lk = 1024 148-155 -> 118-132.
-  static constexpr std::chrono::microseconds kSpin{100};
+  // A bad FLASHGRAD_SPIN_US has already thrown at the API; any other caller
+  // gets the default.
+  static std::chrono::microseconds spin_setting() {
+    try {
+      return std::chrono::microseconds{spin_microseconds()};
+    } catch (const Error&) {
+      return std::chrono::microseconds{parse_spin_microseconds(nullptr)};
+    }
+  }
+  const std::chrono::microseconds spin_ = spin_setting();
 
   void worker(int slot) {
     uint64_t seen = 0;
     for (;;) {
-      const auto until = std::chrono::steady_clock::now() + kSpin;
+      const auto until = std::chrono::steady_clock::now() + spin_;
       for (int spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
         cpu_relax();
         if (spins % 64 == 0 && std::chrono::steady_clock::now() > until) break;
@@ -139,6 +154,24 @@ class Pool {
 };
 
 }  // namespace
+
+int64_t parse_spin_microseconds(const char* text) {
+  constexpr int64_t kDefault = 100, kMax = 1000000;
+  if (!text || !*text) return kDefault;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (!std::isdigit(static_cast<unsigned char>(text[0])) || errno != 0 || *end != '\0' || v > kMax)
+    throw Error(std::string("flashgrad::spin_microseconds: environment variable 'FLASHGRAD_SPIN_US': expected an "
+                            "integer number of microseconds in [0, ") +
+                std::to_string(kMax) + "], got '" + text + "'");
+  return v;
+}
+
+int64_t spin_microseconds() {
+  static const int64_t us = parse_spin_microseconds(std::getenv("FLASHGRAD_SPIN_US"));
+  return us;
+}
 
 int resolve_threads(int n) {
   if (n > 0) return n;

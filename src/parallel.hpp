@@ -18,6 +18,15 @@ void parallel_for(int64_t num_tasks, int num_threads, TaskFn fn, void* ctx);
 // Threads to use for a request of n (0 = all cores).
 int resolve_threads(int n);
 
+// How long a pool worker that has run out of tasks watches for the next call
+// before it sleeps, in microseconds: FLASHGRAD_SPIN_US, read once (default
+// 100; 0 sleeps at once and leaves the cores to other work between calls).
+// Throws flashgrad::Error naming the variable unless it is an integer in [0,
+// 1000000]; the API calls it before any kernel runs.
+int64_t spin_microseconds();
+// The parse behind it: null or empty text gives the default.
+int64_t parse_spin_microseconds(const char* text);
+
 // Wraps a callable so that it can go through parallel_for's function pointer.
 template <typename F>
 void parallel_for(int64_t num_tasks, int num_threads, F&& f) {

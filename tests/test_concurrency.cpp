@@ -13,9 +13,10 @@
 #if FG_TEST_OPENMP
 #include <omp.h>
 #endif
-#include <chrono>
+#include <time.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -174,6 +175,54 @@ TEST(Concurrency, ConcurrentCallersDoNotOversubscribe) {
   go = true;
   for (auto& t : pool) t.join();
   EXPECT_LE(seen.size(), static_cast<size_t>(callers + 1));
+}
+
+// FLASHGRAD_SPIN_US: what is accepted, and what is refused with the
+// variable's name.
+TEST(Concurrency, SpinSettingParses) {
+  EXPECT_EQ(parse_spin_microseconds(nullptr), 100);
+  EXPECT_EQ(parse_spin_microseconds(""), 100);
+  EXPECT_EQ(parse_spin_microseconds("0"), 0);
+  EXPECT_EQ(parse_spin_microseconds("250"), 250);
+  EXPECT_EQ(parse_spin_microseconds("1000000"), 1000000);
+  for (const char* bad : {"-1", "1000001", "12x", "abc", " 5", "99999999999999999999"}) {
+    try {
+      parse_spin_microseconds(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("environment variable 'FLASHGRAD_SPIN_US': expected an integer number "
+                                           "of microseconds in [0, 1000000], got '" +
+                                           std::string(bad) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The setting governs what an idle worker costs: after a call, the process
+// sleeps 150 ms and its CPU time grows by about min(spin, 150 ms), the worker
+// watching for the next call. ctest runs this under the default, under 0 and
+// under 200 ms (tests/CMakeLists.txt).
+TEST(Concurrency, IdleWorkersSpinOnlyAsLongAsTheSetting) {
+  const int64_t spin = spin_microseconds();
+  if (spin > 1000 && spin < 100000) GTEST_SKIP() << "FLASHGRAD_SPIN_US=" << spin << " is between the cases checked";
+  const auto cpu_ms = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+  };
+  std::atomic<int64_t> ran{0};
+  parallel_for(64, 2, [&](int64_t, int) { ran.fetch_add(1); });  // starts the worker
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));    // past any spin: it sleeps
+  parallel_for(64, 2, [&](int64_t, int) { ran.fetch_add(1); });
+  const double before = cpu_ms();
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const double idle = cpu_ms() - before;
+  EXPECT_EQ(ran.load(), 128);
+  if (spin <= 1000)
+    EXPECT_LT(idle, 10.0) << "FLASHGRAD_SPIN_US=" << spin;
+  else
+    EXPECT_GT(idle, 20.0) << "FLASHGRAD_SPIN_US=" << spin;
 }
 
 #if FG_TEST_OPENMP

@@ -86,7 +86,8 @@ struct Options {
   double dropout_p = 0.0;  // in [0, 1)
   uint64_t seed = 0;
   uint64_t offset = 0;
-  int num_threads = 0;     // 0: all cores
+  int num_threads = 0;     // 0: all cores. Idle workers watch for the next call for
+                           // FLASHGRAD_SPIN_US microseconds (default 100, 0: sleep at once)
 
   // Not with cu_seqlens. 0 <= q_offset, q_offset + seqlen_q <= seqlen_q_total; keys likewise.
   struct Block {
