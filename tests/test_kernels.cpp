@@ -245,11 +245,13 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
 // task of split keys reads each K and V row through all its heads, 8 or 16
 // heads per call (forward.inl, heads_across), one or three stacked rows per
 // K/V head (three take the narrow tiles on avx2); dv = 48 and 160 leave part
-// of a row's vector blocks to the one-vector tail. Forward only: the
-// backward's tiles are DecodeReadsValueRowsInPlace's.
+// of a row's vector blocks to the one-vector tail, and d = 40 part of K's
+// row to the tail after bf16 K's pairs of 16 elements on avx2. Forward
+// only: the backward's tiles are DecodeReadsValueRowsInPlace's.
 TEST_F(Kernels, DecodeReadsRowsAcrossHeads) {
   for (DType t : {DType::f32, DType::bf16})
-    for (int64_t heads_kv : {8, 16})
+    for (auto [heads_kv, d] : {std::pair{int64_t{8}, int64_t{64}}, std::pair{int64_t{8}, int64_t{40}},
+                               std::pair{int64_t{16}, int64_t{32}}})
       for (int64_t group : {1, 3}) {
         Case c = base(t);
         c.batch = 1;
@@ -257,9 +259,10 @@ TEST_F(Kernels, DecodeReadsRowsAcrossHeads) {
         c.seqlen_k = 2048 + 37;
         c.heads_kv = heads_kv;
         c.heads_q = heads_kv * group;
-        c.head_dim = heads_kv == 16 ? 32 : 64;
+        c.head_dim = d;
         c.head_dim_v = heads_kv == 16 ? 48 : 160;
-        c.name = "decode_across_" + dtype_label(t) + "_h" + std::to_string(heads_kv) + "_g" + std::to_string(group);
+        c.name = "decode_across_" + dtype_label(t) + "_h" + std::to_string(heads_kv) + "_d" + std::to_string(d) +
+                 "_g" + std::to_string(group);
         expect_pass(c, false);
         c.causal = true;
         c.sinks = true;

@@ -531,6 +531,21 @@ inline void copy_lanes(T* dst, const T* src) {
 // rate (32-34 GB/s, alternating runs); with it, `flashgrad ab` against
 // those tiles: f32 1.08x, bf16 1.36x. Prefetching the next blocks' rows
 // while copying measured 0.86-1.05x.
+// bf16 K on avx2 goes through scores_heads_g as pairs of elements: the
+// kLanes segments of 2 * kLanes elements each read as 32-bit words,
+// transposed, each word split into its two f32 (vpair_lo, vpair_hi),
+// instead of kLanes elements of each widened on load and transposed: half
+// the transposes and no widening, on the shuffle ports. The FMAs, their
+// order and so the scores stay the same. Zen 3, bf16, Lq = 1, d = 128, 8
+// heads, `flashgrad ab --expect-identical` (outputs bitwise identical), 2
+// threads: Lk = 4096 1.22x, 16k 1.11x, 64k 1.12x, 128k 1.22x; d = 64 (16k)
+// 1.20x; 16 heads 1.11x; Lq = 2 1.05x; 1 thread, K and V in L3 (Lk =
+// 1024) 1.38x. The same in scores_rows_whole ([B, H, Lk, d], a head at a
+// time) read 1.00-1.02x, and V read as pairs in pv_heads 0.98-1.01x:
+// neither kept.
+template <typename TK>
+constexpr bool kPairRows = FG_BF16_PAIRS && kLanes == 8 && std::is_same<TK, bf16_t>::value;
+
 template <int M, int G, int B, typename TK>
 inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
                            int64_t ldst, TK* stage) {
@@ -552,7 +567,27 @@ inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, 
     for (int u = 0; u < B; ++u)
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) acc[u][m] = vzero();
-    for (int64_t c = 0; c < d; c += kLanes) {
+    int64_t c = 0;
+    if constexpr (kPairRows<TK>) {
+      for (; c + 2 * kLanes <= d; c += 2 * kLanes) {
+#pragma GCC unroll 4
+        for (int u = 0; u < B; ++u) {
+          VecF r[kLanes];
+#pragma GCC unroll 16
+          for (int x = 0; x < kLanes; ++x) r[x] = vload_words(kb[u][x / G] + x % G * d + c);
+          transpose_regs(r);
+#pragma GCC unroll 16
+          for (int i = 0; i < kLanes; ++i) {
+            const VecF lo = vpair_lo(r[i]), hi = vpair_hi(r[i]);
+#pragma GCC unroll 4
+            for (int m = 0; m < M; ++m)
+              acc[u][m] = vfma(vload(qx + ((m * d) + c + 2 * i + 1) * kLanes), hi,
+                               vfma(vload(qx + ((m * d) + c + 2 * i) * kLanes), lo, acc[u][m]));
+          }
+        }
+      }
+    }
+    for (; c < d; c += kLanes) {
 #pragma GCC unroll 4
       for (int u = 0; u < B; ++u) {
         VecF r[kLanes];

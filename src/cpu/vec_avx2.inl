@@ -119,6 +119,8 @@ inline VecF vbroadcast_pair(const void* p) {
 }
 inline VecF vpair_lo(VecF w) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(w), 16)); }
 inline VecF vpair_hi(VecF w) { return _mm256_and_ps(w, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xffff0000u)))); }
+// 8 32-bit words (16 bf16 elements, 8 pairs) as they lie.
+inline VecF vload_words(const void* p) { return _mm256_loadu_ps(static_cast<const float*>(p)); }
 
 // r[i] = row i of an 8 x 8 block in, column i out.
 #define FG_TRANSPOSE_REGS 1
