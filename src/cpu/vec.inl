@@ -546,6 +546,19 @@ inline void copy_lanes(T* dst, const T* src) {
 template <typename TK>
 constexpr bool kPairRows = FG_BF16_PAIRS && kLanes == 8 && std::is_same<TK, bf16_t>::value;
 
+// How many keys ahead decode across heads asks L2 for K's and V's rows of
+// type T (kHeadsAheadKeys, 16-bit types only); 0: none.
+template <typename T>
+constexpr int64_t kHeadsAhead = sizeof(T) == 2 ? kHeadsAheadKeys : 0;
+
+// Row j + ahead's n elements from row, ld apart, into L2, if j + ahead < end.
+template <typename T>
+inline void prefetch_row_ahead(const T* row, int64_t ld, int64_t n, int64_t j, int64_t ahead, int64_t end) {
+  if (ahead == 0 || j + ahead >= end) return;
+  const char* p = reinterpret_cast<const char*>(row + ahead * ld);
+  for (int64_t x = 0; x < n * static_cast<int64_t>(sizeof(T)); x += 64) prefetch_l2(p + x);
+}
+
 template <int M, int G, int B, typename TK>
 inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
                            int64_t ldst, TK* stage) {
@@ -556,6 +569,7 @@ inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, 
     for (int64_t y = 0; y < B * kpv; ++y) {
       const TK* src = k + std::min(j + y, nj - 1) * ldk;
       TK* dst = stage + y * run;
+      prefetch_row_ahead(src, ldk, run, j + y, kHeadsAhead<TK>, nj);
       for (int64_t x = 0; x < run; x += kLanes) copy_lanes(dst + x, src + x);
     }
 #pragma GCC unroll 4
@@ -652,6 +666,7 @@ inline void pv_heads(int64_t g, int64_t n, int64_t k, const float* p, int64_t p_
     for (int64_t h = 0; h < g; ++h) {
       const float* ph = p + h * p_hs + j;
       const TB* bh = b + j * ldb + h * n;
+      prefetch_row_ahead(bh, ldb, n, j, kHeadsAhead<TB>, k);
       float* ah = acc + h * M * n;
       int64_t x = 0;
       for (; x + Xv * kLanes <= n; x += Xv * kLanes) pv_heads_block<M, Xv>(x, ph, ldp, bh, ah, n);

@@ -20,6 +20,9 @@ constexpr int64_t kNarrowMinRows = 8;  // narrow tiles from 8 stacked query rows
 constexpr int64_t kNarrowMaxRows = 31;  // to 31 (two vectors; 32 rows keys-major: not measured here)
 constexpr int64_t kNarrowWidth = 32;  // query rows per narrow chunk: two vectors
 constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch (vec_avx2.inl): not measured here
+// Decode across heads' prefetch (vec_avx2.inl): off. On Zen 5, K's rows 8
+// to 64 keys ahead measured 0.96-0.99x in bf16 (docs/performance.md).
+constexpr int64_t kHeadsAheadKeys = 0;
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
