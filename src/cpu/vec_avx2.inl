@@ -26,15 +26,6 @@ constexpr int64_t kWholeRows = 4;
 // same rows asked for all at once before each tile measured even (3.3 ->
 // 3.5 GB/s, 1 thread): a burst stalls on its own misses.
 constexpr bool kNarrowPrefetchNext = true;
-// Decode across heads (vec.inl, scores_heads_g and pv_heads) asks L2 for the
-// K and V rows this many keys ahead, for 16-bit K and V only. Zen 3, bf16,
-// Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab --expect-identical`,
-// 16-24 pairs, against no prefetch: Lk = 64k 1.11x (2 keys ahead 1.06x,
-// 8 1.09x, 12 1.02x, 32 1.00x), 16k 1.01x, 128k 1.05x, 4096 1.00x, d = 64
-// 1.07x, Lq = 2 1.03x, 16 heads (Lk = 32k) 1.17x, 32 query heads over 8
-// 1.01x. f32, whose decode reads nearer the triad, lost: 2, 4 and 8 keys
-// ahead 0.98x, 0.98x, 0.95x.
-constexpr int64_t kHeadsAheadKeys = 4;
 // With that prefetch, narrow tiles outrun the row path (whole rows at 3 and 4
 // stacked rows, staged at 5-7) from 3 rows on, with 8 lanes for 3-7 rows
 // (same host and setup, row path -> narrow, Lk = 64k: f32 3 rows 8.9 / 7.1
@@ -58,6 +49,15 @@ constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to fou
 // threads, `flashgrad ab`, 7 pairs, against 4 rows: Lq = 8 1.38x (6 rows
 // 1.17x), Lq = 3 1.32x, Lq = 5 1.32x; Lq = 8 [B, H, L, d] at Lk = 64k 1.50x).
 constexpr int narrow_bf16_rows(int nv) { return nv == 1 ? 8 : nv == 2 ? 4 : (nv == 3 ? 3 : 2); }
+// Decode across heads (vec.inl, scores_heads_g and pv_heads) asks L2 for the
+// K and V rows this many keys ahead, for 16-bit K and V only. Zen 3, bf16,
+// Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab --expect-identical`,
+// 16-24 pairs, against no prefetch: Lk = 64k 1.05-1.11x (2 keys ahead
+// 1.06x, 8 1.09x, 12 1.02x, 32 1.00x), 16k 1.01x, 128k 1.03-1.05x, 4096
+// 1.00x, d = 64 1.07x, Lq = 2 1.03x, 16 heads (Lk = 32k) 1.17-1.19x, 32
+// query heads over 8 1.01x; f16 1.02x. f32, whose decode reads nearer the
+// triad, lost: 2, 4 and 8 keys ahead 0.98x, 0.98x, 0.95x.
+constexpr int64_t kHeadsAheadKeys = 4;
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, VecF v) { _mm256_storeu_ps(p, v); }
