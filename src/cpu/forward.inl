@@ -445,15 +445,28 @@ constexpr int64_t kKeysMajorRows = 32;
 // rows 1.26x, 96 rows 1.05x; Lk = 2048, d = 64: 48 rows 1.22x, 64 rows
 // 1.14x).
 //
-// Narrow tiles step through the keys 16 at a time, every K/V head in turn,
-// so each 4 KiB page of a [batch, seq, heads, dim] K or V is read through
-// soon after it is started: the hardware prefetchers follow that, where 64
+// Narrow tiles (of one vector of rows; wider ones: narrow_keys) step
+// through the keys 16 at a time, every K/V head in turn, so each 4 KiB
+// page of a [batch, seq, heads, dim] K or V is read through soon after it
+// is started: the hardware prefetchers follow that, where 64
 // keys (with or without the next tile prefetched in software) left the reads
 // waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
 // interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
 // (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
 // another series 8 keys 17.1 against 17.7 for 16).
 constexpr int64_t kNarrowKeys = 16;
+
+// Keys per narrow tile of w query rows (mq rounded up to kLanes): two
+// vectors of rows or more step kNarrowWideKeys at a time (per ISA in
+// vec_<isa>.inl), fewer rows kNarrowKeys.
+inline int64_t narrow_keys(int64_t w) {
+#if FG_VEC_GEMM
+  return w >= 2 * kLanes ? kNarrowWideKeys : kNarrowKeys;
+#else
+  (void)w;
+  return kNarrowKeys;
+#endif
+}
 
 // Scores that the softmax alone turns into P: no softcap, ALiBi, bias or dropout.
 inline bool plain_scores(const AttnParams& p) {
@@ -1282,7 +1295,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const auto every_row_sees = [&](int64_t j0, int64_t nj) {
     return !p.mask.data && lo_max <= j0 && hi_min >= j0 + nj - 1;
   };
-  const int64_t bk = narrow ? std::min(kNarrowKeys, plan.block_k) : plan.block_k;
+  const int64_t bk = narrow ? std::min(narrow_keys(qt_cols), plan.block_k) : plan.block_k;
   const auto tile_kind = [&](int64_t j0, int64_t nj) {
     return every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
   };

@@ -41,6 +41,16 @@ constexpr int64_t kNarrowMinRows = 3;
 constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
 constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
+// Narrow tiles of two vectors of rows or more step through 32 keys, not 16:
+// each block of O^T's rows then reloads and stores its accumulators once per
+// 32 keys (Zen 3, d = 128, 8 heads, 2 threads, `flashgrad ab`, 14 pairs,
+// medians of the pair ratios: Lq = 16, Lk = 4096 / 64k 1.06x / 1.05-1.09x,
+// causal 1.08x, 1 thread 1.08x; bf16 Lk = 16k / 64k 1.09x / 1.10x; 32
+// rows 1.02x, 64 rows 1.00x, 96 rows (d = 64) 1.06x; [B, H, L, d], d = 64,
+// 1.02x). At one vector of rows (Lq = 4 and 8) 32 keys measured 1.02x and
+// 64 keys 0.91-0.98x, so those keep 16; 64 keys at 16 rows: 1.07-1.13x
+// from Lk = 16k but 0.96x at 4096.
+constexpr int64_t kNarrowWideKeys = 32;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: a pair's word and halves beside 6 rows' 12 accumulators and two
 // steps of B spilled, so two vectors take 4 rows. One vector takes 8, eight

@@ -25,6 +25,7 @@ constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch
 constexpr int64_t kHeadsAheadKeys = 0;
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
+constexpr int64_t kNarrowWideKeys = 16;  // keys per narrow tile of two vectors of rows (vec_avx2.inl): not measured here
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: as many as the f32 blocks' accumulators. The 4 rows that AVX2's
 // registers allow left one vector four FMA chains for two pipes of 4-cycle
