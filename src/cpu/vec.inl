@@ -220,9 +220,10 @@ inline void opaque(const float*& p) {
 // largest value of its column in the block, with vmax's NaN rule.
 // With Pf, each step of k also asks L2 for the line pf bytes past one of
 // the A elements it reads: A's elements for the step (a_cs != 1), or, when
-// A's rows run along k (a_cs == 1), a line of row p mod Mr, so that every
-// line of A's rows is asked for once or twice (pf: an A operand read in
-// place, a few rows ahead). A is f32, or bf16 read in place where the ISA
+// A's rows run along k (a_cs == 1), a line of row p mod Mr (f32 A and
+// Nv = 2: of row p mod 16, in the first Mr steps of every 16), so that
+// every line of A's rows is asked for once or twice (pf: an A operand read
+// in place, a few rows ahead). A is f32, or bf16 read in place where the ISA
 // broadcasts bf16 pairs (accumulate_bf16_pairs).
 enum class Epi { store, add_rows, add_cols, store_colmax };
 
@@ -332,6 +333,43 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
 #pragma GCC unroll 16
         for (int r = 0; r < Mr; ++r) {
           ar[r] += 4;
+          opaque(ar[r]);
+        }
+      }
+    }
+  }
+  if constexpr (Pf && Nv == 2 && !A1 && std::is_same<TA, float>::value) {
+    if (a_cs == 1) {
+      // Rows along k with a prefetch (the narrow tiles' S^T on K read in
+      // place): a line of each row per 16 steps, on a fixed step, and the
+      // rows' pointers bumped per line. Counting the prefetch's row in
+      // every step took 10 scalar uops beside its 12 FMAs (at Mr = 6),
+      // and spilled a row pointer. At Nv = 3 (Mr = 4, 16 live vectors on
+      // AVX2) the unrolled steps spilled a vector instead: Lq = 24 ran
+      // 0.95-0.97x.
+      static_assert(Mr <= 16, "one prefetch per row and line of 16 steps");
+      constexpr int64_t kLine = 64 / sizeof(float);
+      const float* ar[Mr];
+#pragma GCC unroll 16
+      for (int r = 0; r < Mr; ++r) ar[r] = a + r * a_rs;
+      for (; p + kLine <= k; p += kLine) {
+        const TB* bp = b + p * ldb;
+#pragma GCC unroll 16
+        for (int u = 0; u < kLine; ++u, bp += ldb) {
+          if (u < Mr) prefetch_l2(reinterpret_cast<const char*>(ar[u]) + pf);
+          VecF bv[Nv];
+#pragma GCC unroll 4
+          for (int j = 0; j < Nv; ++j) bv[j] = vload_as(bp + j * kLanes);
+#pragma GCC unroll 16
+          for (int r = 0; r < Mr; ++r) {
+            const VecF av = vbroadcast(ar[r][u]);
+#pragma GCC unroll 4
+            for (int j = 0; j < Nv; ++j) acc[r][j] = vfma(av, bv[j], acc[r][j]);
+          }
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < Mr; ++r) {
+          ar[r] += kLine;
           opaque(ar[r]);
         }
       }
