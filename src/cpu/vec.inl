@@ -221,7 +221,7 @@ inline void opaque(const float*& p) {
 // With Pf, each step of k also asks L2 for the line pf bytes past one of
 // the A elements it reads: A's elements for the step (a_cs != 1), or, when
 // A's rows run along k (a_cs == 1), a line of row p mod Mr (f32 A and
-// Nv = 2: of row p mod 16, in the first Mr steps of every 16), so that
+// Nv <= 2: of row p mod 16, in the first Mr steps of every 16), so that
 // every line of A's rows is asked for once or twice (pf: an A operand read
 // in place, a few rows ahead). A is f32, or bf16 read in place where the ISA
 // broadcasts bf16 pairs (accumulate_bf16_pairs).
@@ -312,20 +312,20 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
     p = k;
   }
 #endif
-  if constexpr (Nv == 1 && !A1 && std::is_same<TA, float>::value) {
+  if constexpr (Nv == 1 && !Pf && !A1 && std::is_same<TA, float>::value) {
     if (a_cs == 1) {
-      // Mr rows along k under one vector (the narrow tiles' S^T): each
-      // FMA's broadcast is an offset from its row's pointer, bumped every 4
-      // steps, instead of the row's base plus the step as an index, which
-      // unlaminates the FMA into two uops (decode from L3, 1 thread, both
-      // builds at once: 10.3 -> 11.6 and 10.7 -> 11.3 GB/s).
+      // Mr rows along k under one vector (the narrow tiles' S^T without a
+      // prefetch): each FMA's broadcast is an offset from its row's
+      // pointer, bumped every 4 steps, instead of the row's base plus the
+      // step as an index, which unlaminates the FMA into two uops (decode
+      // from L3, 1 thread, both builds at once: 10.3 -> 11.6 and 10.7 ->
+      // 11.3 GB/s).
       const float* ar[Mr];
 #pragma GCC unroll 16
       for (int r = 0; r < Mr; ++r) ar[r] = a + r * a_rs;
       for (; p + 4 <= k; p += 4) {
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
-          if constexpr (Pf) prefetch_l2(reinterpret_cast<const char*>(ar[(p + u) % Mr]) + pf);
           const VecF bv = vload_as(b + (p + u) * ldb);
 #pragma GCC unroll 16
           for (int r = 0; r < Mr; ++r) acc[r][0] = vfma(vbroadcast(ar[r][u]), bv, acc[r][0]);
@@ -338,7 +338,7 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
       }
     }
   }
-  if constexpr (Pf && Nv == 2 && !A1 && std::is_same<TA, float>::value) {
+  if constexpr (Pf && Nv <= 2 && !A1 && std::is_same<TA, float>::value) {
     if (a_cs == 1) {
       // Rows along k with a prefetch (the narrow tiles' S^T on K read in
       // place): a line of each row per 16 steps, on a fixed step, and the
@@ -346,7 +346,12 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
       // every step took 10 scalar uops beside its 12 FMAs (at Mr = 6),
       // and spilled a row pointer. At Nv = 3 (Mr = 4, 16 live vectors on
       // AVX2) the unrolled steps spilled a vector instead: Lq = 24 ran
-      // 0.95-0.97x.
+      // 0.95-0.97x. At Nv = 1 (Mr = 8: Lq = 3-8 on AVX2) this loop replaced
+      // 4 steps that counted the prefetch's row in each (Zen 3, f32, d =
+      // 128, 8 heads, 2 threads, `flashgrad ab`, medians of 10 pairs, three
+      // runs: Lq = 8, Lk = 16k 1.05-1.07x, 64k 1.06-1.08x, causal
+      // 1.08-1.10x, 1 thread 1.03-1.10x; Lq = 4 1.06-1.11x; Lq = 3
+      // 1.01-1.05x).
       static_assert(Mr <= 16, "one prefetch per row and line of 16 steps");
       constexpr int64_t kLine = 64 / sizeof(float);
       const float* ar[Mr];
