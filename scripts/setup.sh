@@ -6,7 +6,8 @@ packages=(build-essential cmake pkg-config libgtest-dev libbenchmark-dev libdlpa
           python3-dev pybind11-dev python3-torch python3-pytest
           libdnnl-dev libjemalloc2 libopenmpi-dev openmpi-bin python3-mpi4py libblis-dev)
 # The roofline's small-GEMM comparison; Debian builds libxsmm for amd64 only.
-if [ "$(dpkg --print-architecture)" = amd64 ]; then packages+=(libxsmm-dev); fi
+# scripts/cross_arm64.sh: the portable path built for aarch64, its tests under qemu-user.
+if [ "$(dpkg --print-architecture)" = amd64 ]; then packages+=(libxsmm-dev g++-aarch64-linux-gnu qemu-user); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

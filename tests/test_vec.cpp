@@ -46,8 +46,8 @@ TEST(FastExp, SpecialValues) {
 }
 
 // The portable f16 conversion against the compiler's _Float16, on every bit
-// pattern and on rounding boundaries.
-#ifdef __FLT16_MANT_DIG__
+// pattern and on rounding boundaries, where C++ has _Float16 (CMakeLists.txt).
+#if FG_HAVE_FLOAT16
 TEST(PortableHalf, MatchesCompilerFloat16Exhaustively) {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     _Float16 h;

@@ -14,7 +14,7 @@ inline float to_float(bf16_t x) {
   return f;
 }
 inline float to_float(f16_t x) {
-#if defined(__FLT16_MANT_DIG__) && !FG_PORTABLE_HALF
+#if FG_HAVE_FLOAT16 && !FG_PORTABLE_HALF
   _Float16 h;
   std::memcpy(&h, &x.bits, 2);
   return static_cast<float>(h);
@@ -51,7 +51,7 @@ inline bf16_t bf16_from(float f) {
   return bf16_t{static_cast<uint16_t>(u >> 16)};
 }
 inline f16_t f16_from(float f) {
-#if defined(__FLT16_MANT_DIG__) && !FG_PORTABLE_HALF
+#if FG_HAVE_FLOAT16 && !FG_PORTABLE_HALF
   _Float16 h = static_cast<_Float16>(f);
   f16_t out;
   std::memcpy(&out.bits, &h, 2);
