@@ -156,6 +156,20 @@ inline float exp_acc(float x) { return exp_f32(x); }
 // (its elements are only ever broadcast); B and C are row-major; n is a
 // multiple of kPad (tiles are padded). This generic form serves f64 and the scalar path; the f32
 // overload below uses the ISA's vector layer when there is one.
+//
+// The kernels are built unfused (-ffp-contract=off, CMakeLists.txt), so the
+// portable path's f32 products fuse only where the target's FMA is as fast
+// as a multiply (__FP_FAST_FMAF: Arm, but not baseline x86-64): GCC 12 then
+// emits one fmla per 4 lanes on aarch64 instead of fmul and fadd.
+inline float gemm_madd(float a, float b, float c) {
+#if !FG_VEC_GEMM && defined(__FP_FAST_FMAF)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline double gemm_madd(double a, double b, double c) { return a * b + c; }
+
 template <typename Acc, int Mr, int Nr>
 inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, const Acc* b, int64_t ldb,
                        Acc* c, int64_t ldc) {
@@ -164,7 +178,7 @@ inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, cons
     const Acc* brow = b + p * ldb;
     for (int r = 0; r < Mr; ++r) {
       const Acc av = a[r * a_rs + p * a_cs];
-      for (int j = 0; j < Nr; ++j) acc[r][j] += av * brow[j];
+      for (int j = 0; j < Nr; ++j) acc[r][j] = gemm_madd(av, brow[j], acc[r][j]);
     }
   }
   for (int r = 0; r < Mr; ++r)
