@@ -150,17 +150,11 @@ inline VecF vtanh(VecF s, double inv) { return tanh_f32(s, inv); }
 inline double exp_acc(double x) { return std::exp(x); }
 inline float exp_acc(float x) { return exp_f32(x); }
 
-// The tile product, the one seam for faster micro-kernels:
-//   C[m, 0..n) = A[m, k] * B[k, 0..n)
-// A's element (r, p) is a[r * a_rs + p * a_cs], so A may be a transposed view
-// (its elements are only ever broadcast); B and C are row-major; n is a
-// multiple of kPad (tiles are padded). This generic form serves f64 and the scalar path; the f32
-// overload below uses the ISA's vector layer when there is one.
-//
-// The kernels are built unfused (-ffp-contract=off, CMakeLists.txt), so the
-// portable path's f32 products fuse only where the target's FMA is as fast
-// as a multiply (__FP_FAST_FMAF: Arm, but not baseline x86-64): GCC 12 then
-// emits one fmla per 4 lanes on aarch64 instead of fmul and fadd.
+// One multiply-add of the generic tile product below. The kernels are built
+// unfused (-ffp-contract=off, CMakeLists.txt), so the portable path's f32
+// products fuse only where the target's FMA is as fast as a multiply
+// (__FP_FAST_FMAF: Arm, but not baseline x86-64): GCC 12 then emits one
+// fmla per 4 lanes on aarch64 instead of fmul and fadd.
 inline float gemm_madd(float a, float b, float c) {
 #if !FG_VEC_GEMM && defined(__FP_FAST_FMAF)
   return std::fma(a, b, c);
@@ -170,6 +164,12 @@ inline float gemm_madd(float a, float b, float c) {
 }
 inline double gemm_madd(double a, double b, double c) { return a * b + c; }
 
+// The tile product, the one seam for faster micro-kernels:
+//   C[m, 0..n) = A[m, k] * B[k, 0..n)
+// A's element (r, p) is a[r * a_rs + p * a_cs], so A may be a transposed view
+// (its elements are only ever broadcast); B and C are row-major; n is a
+// multiple of kPad (tiles are padded). This generic form serves f64 and the scalar path; the f32
+// overload below uses the ISA's vector layer when there is one.
 template <typename Acc, int Mr, int Nr>
 inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, const Acc* b, int64_t ldb,
                        Acc* c, int64_t ldc) {
