@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Reliability checks (docs/reliability.md): an ASan+UBSan build, the test
-# suite on one ISA path under it (the one the library picks; the ISA-independent
-# tests run once), then a bounded run of the C ABI differential fuzzer.
+# suite on one ISA path under it (the one the library picks, forced with
+# FLASHGRAD_ISA for test_kernels, which otherwise checks every path; the
+# ISA-independent tests run once), then a bounded run of the C ABI
+# differential fuzzer.
 #   SANITIZE_BUILD_DIR  build tree (default build-asan)
 #   FUZZ_SEEDS          fuzz draws (default 600, about 40 s)
 set -euo pipefail
@@ -21,7 +23,7 @@ isa=$("${BUILD_DIR:-build}/tools/flashgrad" info 2>/dev/null | awk '/^isa in use
 others=$(printf '%s\n' scalar avx2 avx512 avx512bf16 amx | grep -vx "$isa" | paste -sd'|')
 echo "sanitize: ASan+UBSan suite on the $isa path"
 status=0
-ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" -LE mpi || status=1
+FLASHGRAD_ISA="$isa" ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -E "\\.(${others})\$" -LE mpi || status=1
 # OpenMPI keeps allocations of its own until exit (in libopen-pal and its
 # plugins); the ring tests run with leak detection off, every other check on.
 echo "sanitize: the MPI ring tests under ASan+UBSan (leak detection off)"

@@ -168,7 +168,15 @@ const KernelTable& choose() {
 }
 }  // namespace
 
+namespace {
+thread_local const KernelTable* t_scoped = nullptr;
+}  // namespace
+
+ScopedIsa::ScopedIsa(Isa isa) : previous_(t_scoped) { t_scoped = &kernels_for(isa); }
+ScopedIsa::~ScopedIsa() { t_scoped = previous_; }
+
 const KernelTable& kernels() {
+  if (t_scoped) return *t_scoped;
   static const KernelTable& table = choose();
   return table;
 }

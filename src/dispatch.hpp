@@ -43,6 +43,20 @@ Isa default_isa();
 const KernelTable& kernels();
 // A specific table, for tests that run every ISA. Throws Error if unsupported.
 const KernelTable& kernels_for(Isa isa);
+
+// While one lives, kernels() on the thread that made it returns isa's table:
+// tests check a case on every path in one process and compute its
+// reference once. Throws Error if the CPU lacks isa.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa);
+  ~ScopedIsa();
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+
+ private:
+  const KernelTable* previous_;
+};
 // Whether isa runs p on bf16 pair products (amx_call on amx, dot_call on
 // avx512bf16): the argument plan_forward and plan_backward take.
 inline bool pair_products(Isa isa, const AttnParams& p) {

@@ -429,22 +429,41 @@ Report check_case(const Case& c, bool backward) {
   return compare_with_reference(p, ker, backward);
 }
 
-Report compare_with_reference(const Problem& p, const Outputs& ker, bool backward) {
+namespace {
+
+// What a kernel's outputs are judged by: the oracle, the naive computations
+// and the cancellation noise (reference::Precision).
+struct References {
+  Outputs ref, nai, rev, fused, noise;
+  bool fused_differs = false;
+};
+
+References run_references(const Problem& p, bool backward) {
   using reference::Precision;
-  const Case& c = p.c;
-  Outputs ref = make_outputs(p, true), nai = make_outputs(p, true), rev = make_outputs(p, true);
+  References r;
+  r.ref = make_outputs(p, true);
+  r.nai = make_outputs(p, true);
+  r.rev = make_outputs(p, true);
   // bf16 and f16 products are exact in f32, so FMA chains sum them as the
   // naive chain does: the third order only differs in f32 and f64.
-  const bool fused_differs = c.dtype == DType::f32 || c.dtype == DType::f64;
-  Outputs fused = fused_differs ? make_outputs(p, true) : Outputs{};
-  Outputs noise = make_outputs(p, true);
-  run_reference(p, ref, Precision::f64, backward);
-  run_reference(p, nai, Precision::storage, backward);
-  run_reference(p, rev, Precision::storage_reversed, backward);
-  if (fused_differs) run_reference(p, fused, Precision::storage_fused, backward);
-  const Outputs& fus = fused_differs ? fused : nai;
+  r.fused_differs = p.c.dtype == DType::f32 || p.c.dtype == DType::f64;
+  r.noise = make_outputs(p, true);
+  run_reference(p, r.ref, Precision::f64, backward);
+  run_reference(p, r.nai, Precision::storage, backward);
+  run_reference(p, r.rev, Precision::storage_reversed, backward);
+  if (r.fused_differs) {
+    r.fused = make_outputs(p, true);
+    run_reference(p, r.fused, Precision::storage_fused, backward);
+  }
   if (backward)
-    reference::backward(p.opts, p.q.view, p.k.view, p.v.view, p.dout.view, grads_of(noise), Precision::noise);
+    reference::backward(p.opts, p.q.view, p.k.view, p.v.view, p.dout.view, grads_of(r.noise), Precision::noise);
+  return r;
+}
+
+Report judge(const Problem& p, const Outputs& ker, const References& refs, bool backward) {
+  const Case& c = p.c;
+  const Outputs &ref = refs.ref, &nai = refs.nai, &rev = refs.rev, &noise = refs.noise;
+  const Outputs& fus = refs.fused_differs ? refs.fused : nai;
   Report r;
   auto add = [&](const char* name, const Buffer& k, const Buffer& e, const Buffer& n, const Buffer& nr,
                  const Buffer& nf, DType storage, const Buffer* cancellation = nullptr) {
@@ -474,12 +493,37 @@ Report compare_with_reference(const Problem& p, const Outputs& ker, bool backwar
   }
   return r;
 }
+
+}  // namespace
+
+Report compare_with_reference(const Problem& p, const Outputs& ker, bool backward) {
+  return judge(p, ker, run_references(p, backward), backward);
+}
+
+std::vector<Report> check_case_on(const Case& c, const std::vector<Isa>& isas, bool backward) {
+  const Problem p = make_problem(c);
+  const References refs = run_references(p, backward);
+  std::vector<Report> reports;
+  for (Isa isa : isas) {
+    const ScopedIsa on(isa);
+    Outputs ker = make_outputs(p, false);
+    run_kernels(p, ker, backward);
+    reports.push_back(judge(p, ker, refs, backward));
+  }
+  return reports;
+}
 const char* forced_isa_missing() {
   const char* env = std::getenv("FLASHGRAD_ISA");
   if (!env) return nullptr;
   for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     if (std::strcmp(env, isa_to_string(isa)) == 0 && !cpu_supports(isa)) return env;
   return nullptr;
+}
+
+std::vector<Isa> isas_under_test() {
+  const char* env = std::getenv("FLASHGRAD_ISA");
+  if (env && *env) return {kernels().isa};
+  return supported_isas();
 }
 
 }  // namespace flashgrad::testing

@@ -17,6 +17,7 @@
 #include <dlpack/dlpack.h>
 
 #include "flashgrad/flashgrad.hpp"
+#include "dispatch.hpp"
 #include "reference.hpp"
 
 namespace flashgrad::testing {
@@ -125,9 +126,15 @@ Report check_case(const Case& c, bool backward = true);
 // The rule applied to outputs the kernels already wrote for p (by any route,
 // for example the C ABI).
 Report compare_with_reference(const Problem& p, const Outputs& kernel, bool backward = true);
+// check_case on each of isas in turn (ScopedIsa), the references computed
+// once for all of them: one report per ISA, in the order given.
+std::vector<Report> check_case_on(const Case& c, const std::vector<Isa>& isas, bool backward = true);
 
 // FLASHGRAD_ISA when it names an ISA this CPU lacks (tests then skip), else null.
 const char* forced_isa_missing();
+// The ISAs a test process checks: the one FLASHGRAD_ISA forces, else every
+// one this CPU supports.
+std::vector<Isa> isas_under_test();
 
 // The matrix the CLI's `check` and the tests draw from.
 std::vector<Case> edge_cases();

@@ -1,12 +1,15 @@
 // Kernels against the f64 reference under the tolerance rule (harness.hpp),
-// for O, lse, dQ, dK, dV, dsinks and dbias separately. ctest runs this binary
-// once per ISA (FLASHGRAD_ISA); a path the CPU lacks skips.
+// for O, lse, dQ, dK, dV, dsinks and dbias separately, on every ISA this CPU
+// supports, or the one FLASHGRAD_ISA forces (a path the CPU lacks skips).
+// Each case runs on every path in turn in one process (ScopedIsa), so that its
+// references, which take nearly all of the time, are computed once.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
@@ -18,10 +21,14 @@
 namespace flashgrad::testing {
 namespace {
 
-void expect_pass(const Case& c, bool backward = true) {
-  const Report r = check_case(c, backward);
-  EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_name() << "\n" << r.table();
+void expect_pass_on(const std::vector<Isa>& isas, const Case& c, bool backward = true) {
+  const std::vector<Report> rs = check_case_on(c, isas, backward);
+  for (size_t i = 0; i < isas.size(); ++i)
+    EXPECT_TRUE(rs[i].pass()) << c.name << ": " << c.describe() << " on " << isa_to_string(isas[i]) << "\n"
+                              << rs[i].table();
 }
+
+void expect_pass(const Case& c, bool backward = true) { expect_pass_on(isas_under_test(), c, backward); }
 
 Case base(DType t = DType::f32) {
   Case c;
@@ -459,29 +466,33 @@ TEST_F(Kernels, RandomCases) {
 
 // Rows that see no key: out = 0, lse = -inf (the sink with sinks), grads 0.
 TEST_F(Kernels, FullyMaskedRowsAreZeroNotNan) {
-  for (bool sinks : {false, true}) {
-    Case c = base();
-    c.seqlen_q = 40;
-    c.seqlen_k = 8;
-    c.causal = true;  // rows i < 32 see nothing
-    c.sinks = sinks;
-    Problem p = make_problem(c);
-    Outputs o = make_outputs(p, false);
-    run_kernels(p, o);
-    const auto out = dense(o.out), lse = dense(o.lse), dq = dense(o.dq), sk = dense(p.sinks);
-    for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t h = 0; h < c.heads_q; ++h)
-        for (int64_t i = 0; i < 32; ++i) {
-          const double l = lse[static_cast<size_t>((b * c.heads_q + h) * c.seqlen_q + i)];
-          if (sinks)
-            EXPECT_FLOAT_EQ(l, sk[static_cast<size_t>(h)]);
-          else
-            EXPECT_EQ(l, -INFINITY);
-          for (int64_t x = 0; x < c.head_dim_v; ++x)
-            EXPECT_EQ(out[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim_v + x)], 0.0);
-          for (int64_t x = 0; x < c.head_dim; ++x)
-            EXPECT_EQ(dq[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x)], 0.0);
-        }
+  for (Isa isa : isas_under_test()) {
+    const ScopedIsa on(isa);
+    SCOPED_TRACE(isa_to_string(isa));
+    for (bool sinks : {false, true}) {
+      Case c = base();
+      c.seqlen_q = 40;
+      c.seqlen_k = 8;
+      c.causal = true;  // rows i < 32 see nothing
+      c.sinks = sinks;
+      Problem p = make_problem(c);
+      Outputs o = make_outputs(p, false);
+      run_kernels(p, o);
+      const auto out = dense(o.out), lse = dense(o.lse), dq = dense(o.dq), sk = dense(p.sinks);
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < c.heads_q; ++h)
+          for (int64_t i = 0; i < 32; ++i) {
+            const double l = lse[static_cast<size_t>((b * c.heads_q + h) * c.seqlen_q + i)];
+            if (sinks)
+              EXPECT_FLOAT_EQ(l, sk[static_cast<size_t>(h)]);
+            else
+              EXPECT_EQ(l, -INFINITY);
+            for (int64_t x = 0; x < c.head_dim_v; ++x)
+              EXPECT_EQ(out[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim_v + x)], 0.0);
+            for (int64_t x = 0; x < c.head_dim; ++x)
+              EXPECT_EQ(dq[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x)], 0.0);
+          }
+    }
   }
 }
 
@@ -490,17 +501,20 @@ TEST_F(Kernels, PaddedOutputsKeepTheirGaps) {
   Case c = base(DType::bf16);
   c.layout = Layout::padded;
   Problem p = make_problem(c);
-  Outputs o = make_outputs(p, false);
-  run_kernels(p, o);
-  for (const Buffer* b : {&o.out, &o.dq, &o.dk, &o.dv}) {
-    std::vector<char> inside(b->bytes.size(), 0);
-    const int64_t es = dtype_size(b->view.dtype);
-    for (int64_t off : offsets(b->view))
-      for (int64_t x = 0; x < es; ++x) inside[static_cast<size_t>(off * es + x)] = 1;
-    for (size_t i = 0; i < b->bytes.size(); ++i)
-      if (!inside[i]) {
-        ASSERT_EQ(b->bytes[i], 0) << "byte " << i << " outside the view was written";
-      }
+  for (Isa isa : isas_under_test()) {
+    const ScopedIsa on(isa);
+    Outputs o = make_outputs(p, false);
+    run_kernels(p, o);
+    for (const Buffer* b : {&o.out, &o.dq, &o.dk, &o.dv}) {
+      std::vector<char> inside(b->bytes.size(), 0);
+      const int64_t es = dtype_size(b->view.dtype);
+      for (int64_t off : offsets(b->view))
+        for (int64_t x = 0; x < es; ++x) inside[static_cast<size_t>(off * es + x)] = 1;
+      for (size_t i = 0; i < b->bytes.size(); ++i)
+        if (!inside[i]) {
+          ASSERT_EQ(b->bytes[i], 0) << "byte " << i << " outside the view was written on " << isa_to_string(isa);
+        }
+    }
   }
 }
 
@@ -521,45 +535,67 @@ TEST_F(Kernels, DropoutMaskMatchesRequestedRate) {
   EXPECT_NE(keep, again) << "a different seed must give a different mask";
 }
 
-// This ISA's dropout decisions (eight Philox blocks at a time on avx2 and
+// ScopedIsa, which the tests here use to run each path, switches the table
+// of the thread that made it, nested scopes restore the one before, and other
+// threads keep the process's.
+TEST(Dispatch, ScopedIsaSwitchesItsThreadWhileItLives) {
+  const Isa before = kernels().isa;
+  for (Isa isa : supported_isas()) {
+    const ScopedIsa on(isa);
+    EXPECT_EQ(kernels().isa, isa);
+    EXPECT_STREQ(isa_name(), isa_to_string(isa));
+    {
+      const ScopedIsa inner(Isa::scalar);
+      EXPECT_EQ(kernels().isa, Isa::scalar);
+    }
+    EXPECT_EQ(kernels().isa, isa);
+    Isa other = isa;
+    std::thread([&] { other = kernels().isa; }).join();
+    EXPECT_EQ(other, before);
+  }
+  EXPECT_EQ(kernels().isa, before);
+}
+
+// Each ISA's dropout decisions (eight Philox blocks at a time on avx2 and
 // avx512, rng.inl) are the portable path's bit for bit: row lengths around
 // the 32 columns of eight blocks, and a chunk of a longer attention whose
 // first key is not a multiple of 4 (its blocks start mid-way).
 TEST_F(Kernels, DropoutMaskIsThePortableBits) {
-  for (int64_t k_offset : {0, 5, 130})
-    for (int64_t lk : {1, 7, 9, 31, 32, 33, 41, 64, 100, 257}) {
-      AttnParams p;
-      p.batch = 2;
-      p.heads_q = 3;
-      p.seqlen_q = 5;
-      p.seqlen_k = lk;
-      p.dropout_p = 0.3;
-      p.seed = 0x123456789abcdefull;
-      p.offset = 0xfedcba9876543ull;
-      p.in_block = k_offset > 0;
-      p.block_q_offset = 7;
-      p.block_k_offset = k_offset;
-      const size_t n = static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * lk);
-      std::vector<uint8_t> got(n, 2), want(n, 2);
-      kernels().dropout_mask(p, got.data());
-      kernels_for(Isa::scalar).dropout_mask(p, want.data());
-      EXPECT_EQ(got, want) << isa_name() << " lk " << lk << " k_offset " << k_offset;
-    }
+  for (Isa isa : isas_under_test())
+    for (int64_t k_offset : {0, 5, 130})
+      for (int64_t lk : {1, 7, 9, 31, 32, 33, 41, 64, 100, 257}) {
+        AttnParams p;
+        p.batch = 2;
+        p.heads_q = 3;
+        p.seqlen_q = 5;
+        p.seqlen_k = lk;
+        p.dropout_p = 0.3;
+        p.seed = 0x123456789abcdefull;
+        p.offset = 0xfedcba9876543ull;
+        p.in_block = k_offset > 0;
+        p.block_q_offset = 7;
+        p.block_k_offset = k_offset;
+        const size_t n = static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * lk);
+        std::vector<uint8_t> got(n, 2), want(n, 2);
+        kernels_for(isa).dropout_mask(p, got.data());
+        kernels_for(Isa::scalar).dropout_mask(p, want.data());
+        EXPECT_EQ(got, want) << isa_to_string(isa) << " lk " << lk << " k_offset " << k_offset;
+      }
 }
 
 
 // The bf16 forwards of the avx512bf16 path (AVX512_BF16 dot products,
 // Bf16DotTiles in forward.inl) and of the amx path (AMX-BF16 tiles,
 // AmxTiles), whatever kernels() picks: these tests call the path's table
-// directly for the forward, the backward (the same path's, under its label)
-// through the API. Each runs under its own path's label.
+// directly for the forward, the backward (the same path's, ScopedIsa)
+// through the API. Where FLASHGRAD_ISA forces another path they skip.
 class Bf16Forward : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
     if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU lacks " << isa_to_string(GetParam());
     const char* env = std::getenv("FLASHGRAD_ISA");
     if (env && *env && std::strcmp(env, isa_to_string(GetParam())) != 0)
-      GTEST_SKIP() << "runs under the " << isa_to_string(GetParam()) << " label";
+      GTEST_SKIP() << "FLASHGRAD_ISA forces another path than " << isa_to_string(GetParam());
   }
 };
 INSTANTIATE_TEST_SUITE_P(Paths, Bf16Forward, ::testing::Values(Isa::avx512bf16, Isa::amx),
@@ -584,6 +620,7 @@ void expect_bf16_forward_pass(Isa isa, const Case& c) {
   Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
   if (o.dsinks.present()) g.dsinks = o.dsinks.view;
   if (o.dbias.present()) g.dbias = o.dbias.view;
+  const ScopedIsa on(isa);
   flashgrad::backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
   const Report r = compare_with_reference(p, o, true);
   EXPECT_TRUE(r.pass()) << c.name << ": " << c.describe() << " on " << isa_to_string(isa) << "\n" << r.table();
@@ -660,13 +697,12 @@ INSTANTIATE_TEST_SUITE_P(Paths, Bf16DotProducts, ::testing::Values(Isa::avx512bf
 // backward puts exp(S - lse) past 1 and dV out of bounds (docs/design.md).
 // The backward recomputes S on the same dot products, so both passes agree
 // bit for bit and the tolerance rule holds: here, through the API, whose
-// forward and backward both run on avx512bf16 under its label. 40 query
+// forward and backward both run on avx512bf16 (ScopedIsa). 40 query
 // rows (80 stacked) take the row tiles; 12 (24) and 5 (10), with each
 // head's rows contiguous, the narrow tiles two and one vector wide; 6 rows
 // over 4133 keys split the keys, each task over both K/V heads, whose rows
 // lie side by side.
 TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
-  if (kernels().isa != Isa::avx512bf16) GTEST_SKIP() << "the library runs " << isa_name() << " here";
   for (int64_t lq : {40, 12, 5})
     for (int64_t d : {40, 128})
       for (bool causal : {false, true}) {
@@ -683,7 +719,7 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
         const Problem p = make_problem(c);
         ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
                                          CallTensors{&p.q.view, &p.k.view, &p.v.view})));
-        expect_pass(c);
+        expect_pass_on({Isa::avx512bf16}, c);
       }
   Case c = base(DType::bf16);
   c.batch = 1;
@@ -697,7 +733,7 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
   const Problem p = make_problem(c);
   ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
                                    CallTensors{&p.q.view, &p.k.view, &p.v.view})));
-  expect_pass(c);
+  expect_pass_on({Isa::avx512bf16}, c);
 }
 
 }  // namespace
