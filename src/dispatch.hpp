@@ -57,6 +57,7 @@ class ScopedIsa {
  private:
   const KernelTable* previous_;
 };
+
 // Whether isa runs p on bf16 pair products (amx_call on amx, dot_call on
 // avx512bf16): the argument plan_forward and plan_backward take.
 inline bool pair_products(Isa isa, const AttnParams& p) {
