@@ -262,14 +262,42 @@ struct Bf16DotTiles {
     gemm_bf16(mq, plan.bk_pad, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
               reinterpret_cast<const uint32_t*>(kt), plan.bk_pad, s, plan.bk_pad, scale);
   }
-  // P's padding columns (nj and beyond) are exp(-inf) = 0, so an odd nj's last pair is (P, 0).
+  // qk and pv for a tile the ranges cut: each block of kPairMr rows takes
+  // the products only up to the last key one of its rows sees (hi: each
+  // row's last visible key), since the softmax reads no score past it and
+  // leaves P zero there. A causal diagonal tile then costs about half.
+  static int64_t keys_seen(const int64_t* hi, int64_t r0, int64_t r1, int64_t j0, int64_t nj) {
+    int64_t n = 0;
+    for (int64_t r = r0; r < r1; ++r) n = std::max(n, std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj));
+    return n;
+  }
+  static void qk_cut(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
+                     float* s, const int64_t* hi, int64_t j0, int64_t nj) {
+    const int64_t ldq = plan.dqk_pad / 2, lds = plan.bk_pad;
+    for (int64_t i = 0; i < mq; i += kPairMr) {
+      const int64_t rows = std::min(kPairMr, mq - i);
+      const int64_t n = round_up(keys_seen(hi, i, i + rows, j0, nj), 32);
+      gemm_bf16(rows, n, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
+                reinterpret_cast<const uint32_t*>(kt), lds, s + i * lds, lds, scale);
+    }
+  }
+  static void pv_cut(const TilePlan& plan, int64_t mq, int64_t nj, const float* s, const float* v,
+                     const float* alpha, float* o, const int64_t* hi, int64_t j0) {
+    const int64_t lds = plan.bk_pad, ldo = plan.dv_pad;
+    for (int64_t i = 0; i < mq; i += kPairMr) {
+      const int64_t rows = std::min(kPairMr, mq - i);
+      const int64_t kp = (keys_seen(hi, i, i + rows, j0, nj) + 1) / 2;
+      gemm_bf16_epi<PairEpi::rescale>(rows, ldo, kp, reinterpret_cast<const uint32_t*>(s + i * lds), lds,
+                                      reinterpret_cast<const uint32_t*>(v), ldo, o + i * ldo, ldo, 1.0f, alpha + i);
+    }
+  }
+  // P in s as pairs (the softmax rounds it); its padding columns (nj and
+  // beyond) are 0, so an odd nj's last pair is (P, 0).
   void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
-          float* pv) const {
+          float*) const {
     const int64_t lds = plan.bk_pad;
-    for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
-    gemm_bf16(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
-              reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad, 1.0f);
-    scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
+    gemm_bf16_epi<PairEpi::rescale>(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
+                                    reinterpret_cast<const uint32_t*>(v), plan.dv_pad, o, plan.dv_pad, 1.0f, alpha);
   }
 };
 #endif
@@ -1320,10 +1348,26 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
       const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
       ax[r] = exp_acc(mx_[r] - mref);
-      lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
-      for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
       mx_[r] = mx;
-      c.dropout_row(i, j0, nj, keep, srow);
+#if FG_BF16_DOT
+      // Bf16DotTiles' P V reads P as pairs: rounded as the exp writes it
+      // unless dropout acts on P in f32 first.
+      if constexpr (kDotTiles<Tiles>) {
+        if (!c.rng.active) {
+          lx[r] = lx[r] * ax[r] + exp_row_pairs(srow, wr, mref, lds);
+        } else {
+          lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+          for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
+          c.dropout_row(i, j0, nj, keep, srow);
+          round_bf16_pairs(srow, lds);
+        }
+      } else
+#endif
+      {
+        lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+        for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
+        c.dropout_row(i, j0, nj, keep, srow);
+      }
       const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
       prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
       prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
@@ -1369,6 +1413,16 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
     tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
     if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, k_hi - j0);
+#if FG_BF16_DOT
+    if constexpr (kDotTiles<Tiles>) {
+      if (cut) {
+        tiles.qk_cut(plan, mq, d, qx, kt, scale, s, hi, j0, nj);
+        softmax_rows(j0, nj, x, kind, s, prefetch ? next : NextTile{0, 0, 0});
+        tiles.pv_cut(plan, mq, nj, s, v, ax, ox, hi, j0);
+        return;
+      }
+    }
+#endif
     tiles.qk(plan, mq, d, qx, kt, scale, s);
     softmax_rows(j0, nj, x, kind, s, prefetch ? next : NextTile{0, 0, 0});
     tiles.pv(plan, mq, nj, s, v, ax, ox, pv);

@@ -196,6 +196,31 @@ inline void round_bf16_pairs(float* s, int64_t n) {
   }
 }
 
+// exp_row and round_bf16_pairs in one pass: s[j] = exp(s[j] - m) for j < n
+// (a multiple of 16), summed in f32 in exp_row's order before the rounding,
+// then rounded to bf16 pairs in place over words [0, w / 2) (w >= n, a
+// multiple of 32; pairs past n hold zero). Returns the sum.
+inline float exp_row_pairs(float* s, int64_t n, float m, int64_t w) {
+  const VecF mv = vbroadcast(m);
+  VecF sum = vzero();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const VecF lo = vexp(vsub(vload(s + j), mv));
+    sum = vadd(sum, lo);
+    const VecF hi = vexp(vsub(vload(s + j + 16), mv));
+    sum = vadd(sum, hi);
+    _mm512_storeu_si512(s + j / 2, _mm512_rol_epi32(as_words(_mm512_cvtne2ps_pbh(hi, lo)), 16));
+  }
+  if (j < n) {
+    const VecF lo = vexp(vsub(vload(s + j), mv));
+    sum = vadd(sum, lo);
+    _mm512_storeu_si512(s + j / 2, _mm512_rol_epi32(as_words(_mm512_cvtne2ps_pbh(vzero(), lo)), 16));
+    j += 32;
+  }
+  for (; j < w; j += 32) _mm512_storeu_si512(s + j / 2, _mm512_setzero_si512());
+  return vreduce_add(sum);
+}
+
 // dst[c] = pair (r0[c], r1[c]) of f32 rows rounded to bf16 (nearest even),
 // for c < n (a multiple of 16); r1 null: (r0[c], 0).
 inline void interleave_f32_rows(const float* r0, const float* r1, int64_t n, uint32_t* dst) {
@@ -207,14 +232,20 @@ inline void interleave_f32_rows(const float* r0, const float* r1, int64_t n, uin
   }
 }
 
-// C[m, 0..n) = mul * sum_p A[m, p] . B[p, 0..n), p over kp pairs, plus C
-// itself when Add (the sum formed from zero first, then added): A's pair
-// (r, p) at a[r * lda + p] is broadcast, B is [kp, ldb] pairs, C is f32.
-// Mr rows x Nv vectors of accumulators; every element's sum runs in pair
-// order whatever the blocking.
-template <bool Add, int Mr, int Nv>
+// What gemm_bf16's blocks do with each sum from zero, acc, at C's element:
+//   store    C = mul * acc
+//   add      C = mul * acc + C
+//   rescale  C = C * row_scale[r] + acc (mul unused), rounded after the
+//            product as scale_add rounds it: the forward's O * alpha + P V
+enum class PairEpi { store, add, rescale };
+
+// C[m, 0..n) from sum_p A[m, p] . B[p, 0..n), p over kp pairs, as E says:
+// A's pair (r, p) at a[r * lda + p] is broadcast, B is [kp, ldb] pairs, C
+// is f32. Mr rows x Nv vectors of accumulators; every element's sum runs in
+// pair order whatever the blocking.
+template <PairEpi E, int Mr, int Nv>
 inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                            float* c, int64_t ldc, __m512 mul) {
+                            float* c, int64_t ldc, __m512 mul, const float* row_scale) {
   __m512 acc[Mr][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Mr; ++r)
@@ -232,46 +263,63 @@ inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const ui
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < Mr; ++r)
+  for (int r = 0; r < Mr; ++r) {
+    [[maybe_unused]] const __m512 rs = E == PairEpi::rescale ? _mm512_set1_ps(row_scale[r]) : mul;
 #pragma GCC unroll 4
     for (int v = 0; v < Nv; ++v) {
       float* cr = c + r * ldc + 16 * v;
-      if constexpr (Add)
+      if constexpr (E == PairEpi::add)
         _mm512_storeu_ps(cr, _mm512_fmadd_ps(acc[r][v], mul, _mm512_loadu_ps(cr)));
+      else if constexpr (E == PairEpi::rescale)
+        _mm512_storeu_ps(cr, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(cr), rs), acc[r][v]));
       else
         _mm512_storeu_ps(cr, _mm512_mul_ps(acc[r][v], mul));
     }
+  }
 }
 
 // 64-column blocks, then a 32-column one.
-template <bool Add, int Mr>
+template <PairEpi E, int Mr>
 inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                           float* c, int64_t ldc, __m512 mul) {
+                           float* c, int64_t ldc, __m512 mul, const float* row_scale) {
   int64_t j = 0;
-  for (; j + 64 <= n; j += 64) gemm_bf16_block<Add, Mr, 4>(kp, a, lda, b + j, ldb, c + j, ldc, mul);
-  if (j < n) gemm_bf16_block<Add, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul);
+  for (; j + 64 <= n; j += 64) gemm_bf16_block<E, Mr, 4>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
+  if (j < n) gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
 }
 
+constexpr int64_t kPairMr = 6;  // gemm_bf16's rows per register block
+
 // n a multiple of 32. Blocks of 6 rows x 64 columns (24 accumulators, 10
-// loads per 24 dot products where 12 x 32 took 14).
+// loads per 24 dot products where 12 x 32 took 14). row_scale: [m], for
+// PairEpi::rescale only.
+template <PairEpi E>
+inline void gemm_bf16_epi(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                          int64_t ldb, float* c, int64_t ldc, float mul, const float* row_scale) {
+  FG_DASSERT(n % 32 == 0);
+  FG_DASSERT(E != PairEpi::rescale || row_scale);
+  const __m512 mv = _mm512_set1_ps(mul);
+  int64_t i = 0;
+  constexpr int64_t kMr = kPairMr;
+  for (; i + kMr <= m; i += kMr)
+    gemm_bf16_rows<E, kMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv, row_scale ? row_scale + i : nullptr);
+  a += i * lda;
+  c += i * ldc;
+  if (row_scale) row_scale += i;
+  switch (m - i) {
+    case 0: break;
+    case 1: gemm_bf16_rows<E, 1>(n, kp, a, lda, b, ldb, c, ldc, mv, row_scale); break;
+    case 2: gemm_bf16_rows<E, 2>(n, kp, a, lda, b, ldb, c, ldc, mv, row_scale); break;
+    case 3: gemm_bf16_rows<E, 3>(n, kp, a, lda, b, ldb, c, ldc, mv, row_scale); break;
+    case 4: gemm_bf16_rows<E, 4>(n, kp, a, lda, b, ldb, c, ldc, mv, row_scale); break;
+    default: gemm_bf16_rows<E, 5>(n, kp, a, lda, b, ldb, c, ldc, mv, row_scale); break;
+  }
+}
+
+// C = mul * A B, or C += mul * A B when Add (the sum formed from zero first).
 template <bool Add = false>
 inline void gemm_bf16(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                       int64_t ldb, float* c, int64_t ldc, float mul) {
-  FG_DASSERT(n % 32 == 0);
-  const __m512 mv = _mm512_set1_ps(mul);
-  int64_t i = 0;
-  constexpr int64_t kMr = 6;
-  for (; i + kMr <= m; i += kMr) gemm_bf16_rows<Add, kMr>(n, kp, a + i * lda, lda, b, ldb, c + i * ldc, ldc, mv);
-  a += i * lda;
-  c += i * ldc;
-  switch (m - i) {
-    case 0: break;
-    case 1: gemm_bf16_rows<Add, 1>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 2: gemm_bf16_rows<Add, 2>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 3: gemm_bf16_rows<Add, 3>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    case 4: gemm_bf16_rows<Add, 4>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-    default: gemm_bf16_rows<Add, 5>(n, kp, a, lda, b, ldb, c, ldc, mv); break;
-  }
+  gemm_bf16_epi<Add ? PairEpi::add : PairEpi::store>(m, n, kp, a, lda, b, ldb, c, ldc, mul, nullptr);
 }
 
 // kt [round_up(kp, 16), 16] = n <= 16 rows of bf16 (ld elements apart, d
