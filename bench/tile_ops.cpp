@@ -21,8 +21,26 @@ const TileOps& tile_ops(Isa isa) {
   }
 }
 
-#if !FLASHGRAD_BENCH_X86
-PairGemm amx_pair_gemm() { return nullptr; }
+#if FLASHGRAD_BENCH_X86
+namespace amx {
+void pair_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+               float* c, int64_t ldc);
+}
+namespace avx512bf16 {
+void pair_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+               float* c, int64_t ldc);
+}
 #endif
+
+PairEngine pair_engine() {
+#if FLASHGRAD_BENCH_X86
+  switch (kernels().isa) {
+    case Isa::amx: return {"amx", "gemm_amx", &amx::pair_gemm};
+    case Isa::avx512bf16: return {"avx512bf16", "gemm_bf16", &avx512bf16::pair_gemm};
+    default: break;
+  }
+#endif
+  return {};
+}
 
 }  // namespace flashgrad::bench

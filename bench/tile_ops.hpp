@@ -42,12 +42,20 @@ struct TileOps {
 // The routines of an ISA this CPU and build support; throws flashgrad::Error otherwise.
 const TileOps& tile_ops(Isa isa);
 
-// The amx path's tile product: c [m, n] (f32, row stride ldc) = A B, A [m, kp]
-// and B [kp, n] 32-bit words each holding two bf16 (the pair layouts of
-// docs/design.md, "bf16 on AMX"; lda, ldb in words; n and kp multiples of
-// 16). Null where the CPU, the OS or the build lack AMX.
+// A bf16 pair product: c [m, n] (f32, row stride ldc) = A B, A [m, kp] and
+// B [kp, n] 32-bit words each holding two bf16, the lower-indexed element
+// low in both (lda, ldb in words; n a multiple of 32, kp of 16).
 using PairGemm = void (*)(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                           int64_t ldb, float* c, int64_t ldc);
-PairGemm amx_pair_gemm();
+struct PairEngine {
+  const char* isa = nullptr;     ///< the path whose product this is: "amx" or "avx512bf16"
+  const char* kernel = nullptr;  ///< its name in src/cpu/vec_avx512.inl
+  PairGemm gemm = nullptr;
+};
+// The pair product the bf16 kernels of the ISA in use (kernels()) run on:
+// AMX tiles (gemm_amx, docs/design.md "bf16 on AMX") on the amx path,
+// AVX512_BF16 dot products (gemm_bf16) on the avx512bf16 path; no gemm on
+// the others.
+PairEngine pair_engine();
 
 }  // namespace flashgrad::bench

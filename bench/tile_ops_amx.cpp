@@ -40,7 +40,3 @@ void pair_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda,
 #if defined(__clang__)
 #pragma clang attribute pop
 #endif
-
-namespace flashgrad::bench {
-PairGemm amx_pair_gemm() { return cpu_supports(Isa::amx) ? &amx::pair_gemm : nullptr; }
-}  // namespace flashgrad::bench

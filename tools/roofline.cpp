@@ -7,8 +7,8 @@
 //   tiles      the kernels' tile products, 1 thread, on the same operands:
 //              OpenBLAS, oneDNN (dnnl_sgemm), BLIS, libxsmm and flashgrad's
 //              own tile product (bench/tile_ops.hpp), taking turns; and
-//              where the CPU has AMX, the amx path's bf16 products beside
-//              oneDNN's bf16 matmul
+//              on the amx and avx512bf16 paths, their bf16 pair products
+//              beside oneDNN's bf16 matmul
 //   memory     STREAM triad and memcpy (bandwidth.hpp), T threads
 //
 // Every rate is the median over repeated calls after a warm-up call.
@@ -242,17 +242,18 @@ std::vector<TileRate> tile_rates(int rounds) {
   return out;
 }
 
-// The amx path's bf16 products (docs/design.md, "bf16 on AMX"): the
+// The bf16 pair products of the ISA in use (bench::pair_engine: AMX tiles or
+// AVX512_BF16 dot products; docs/design.md, "bf16 on AMX"): the
 // forward's 256-row by 256-key tiles, the backward's 64 by 256 (dV^T and
 // dK^T: d by 256 keys over 64 query rows; dQ: 64 by d over 256 keys), d =
 // 64 and 128. oneDNN's matmul (a primitive made once per shape, bf16 rows
-// in, f32 out) against flashgrad's gemm_amx, whose operands are already in
+// in, f32 out) against flashgrad's product, whose operands are already in
 // its pair layouts (the kernels lay them out as they load the tiles).
-struct AmxShape {
+struct PairShape {
   const char* name;
   int64_t m, n, k;
 };
-const AmxShape kAmxShapes[] = {
+const PairShape kPairShapes[] = {
     {"fwd S = Q K^T, d = 64", 256, 256, 64},
     {"fwd S = Q K^T, d = 128", 256, 256, 128},
     {"fwd O += P V, d = 64", 256, 64, 256},
@@ -263,10 +264,10 @@ const AmxShape kAmxShapes[] = {
     {"bwd dQ += dS K, d = 64", 64, 64, 256},
     {"bwd dQ += dS K, d = 128", 64, 128, 256},
 };
-constexpr const char* kAmxContenders[] = {"oneDNN", "flashgrad"};
+constexpr const char* kPairContenders[] = {"oneDNN", "flashgrad"};
 
-struct AmxRate {
-  AmxShape shape;
+struct PairRate {
+  PairShape shape;
   double gflops[2] = {NAN, NAN};
 };
 
@@ -283,18 +284,19 @@ float bf16_value(uint16_t x) {
   return f;
 }
 
-std::vector<AmxRate> amx_tile_rates(int rounds, std::string* dnnl_impl) {
-  std::vector<AmxRate> out;
+std::vector<PairRate> pair_tile_rates(int rounds, std::string* engine_name, std::string* dnnl_impl) {
+  std::vector<PairRate> out;
 #if FLASHGRAD_HAVE_TILE_OPS
-  const bench::PairGemm pair_gemm = bench::amx_pair_gemm();
-  if (!pair_gemm) return out;
+  const bench::PairEngine pe = bench::pair_engine();
+  if (!pe.gemm) return out;
+  *engine_name = format("%s (%s)", pe.kernel, pe.isa);
 #if FLASHGRAD_HAVE_DNNL
   const int omp_threads = omp_get_max_threads();
   omp_set_num_threads(1);
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
 #endif
-  for (const AmxShape& sh : kAmxShapes) {
+  for (const PairShape& sh : kPairShapes) {
     const int64_t m = sh.m, n = sh.n, k = sh.k;
     std::vector<uint16_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
     const std::vector<float> ua = testing::uniform_floats(a.size(), 6), ub = testing::uniform_floats(b.size(), 7);
@@ -323,7 +325,7 @@ std::vector<AmxRate> amx_tile_rates(int rounds, std::string* dnnl_impl) {
     };
 #endif
     calls[1] = [&] {
-      pair_gemm(m, n, k / 2, reinterpret_cast<const uint32_t*>(a.data()), k / 2, bp.data(), n, c.data(), n);
+      pe.gemm(m, n, k / 2, reinterpret_cast<const uint32_t*>(a.data()), k / 2, bp.data(), n, c.data(), n);
     };
     for (int x = 0; x < 2; ++x) {
       if (!calls[x]) continue;
@@ -343,11 +345,11 @@ std::vector<AmxRate> amx_tile_rates(int rounds, std::string* dnnl_impl) {
         }
       if (!ok) {
         std::fprintf(stderr, "flashgrad roofline: %s's bf16 product %s is wrong; it is not timed\n",
-                     kAmxContenders[x], sh.name);
+                     kPairContenders[x], sh.name);
         calls[x] = nullptr;
       }
     }
-    AmxRate r{sh};
+    PairRate r{sh};
     round_robin(calls, 2, 2.0 * static_cast<double>(m * n * k), rounds, r.gflops);
     out.push_back(r);
   }
@@ -355,7 +357,7 @@ std::vector<AmxRate> amx_tile_rates(int rounds, std::string* dnnl_impl) {
   omp_set_num_threads(omp_threads);
 #endif
 #else
-  (void)rounds, (void)dnnl_impl;
+  (void)rounds, (void)engine_name, (void)dnnl_impl;
 #endif
   return out;
 }
@@ -392,8 +394,8 @@ struct Rates {
   int64_t triad_n = 0;  // doubles in each of the triad's three arrays
   std::string dnnl_impl_bf16 = "n/a", dnnl_impl_f32 = "n/a";
   std::vector<TileRate> tiles;
-  std::vector<AmxRate> amx_tiles;  // empty without AMX
-  std::string dnnl_impl_amx_tiles = "n/a";
+  std::vector<PairRate> pair_tiles;  // empty on paths without bf16 pair products
+  std::string pair_engine = "n/a", dnnl_impl_pair_tiles = "n/a";
 };
 
 std::string rates_json(const Settings& s, const Rates& r, const std::string& core, const std::string& core_origin) {
@@ -411,16 +413,16 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
                         .add("libxsmm_gflops", t.gflops[3])
                         .add("flashgrad_gflops", t.gflops[4])
                         .str());
-  std::vector<std::string> amx_tiles;
-  for (const AmxRate& t : r.amx_tiles)
-    amx_tiles.push_back(Json()  // keys of their own: the sweep reads each key across the whole object
-                            .add("amx_product", t.shape.name)
-                            .add("amx_m", t.shape.m)
-                            .add("amx_n", t.shape.n)
-                            .add("amx_k", t.shape.k)
-                            .add("amx_onednn_gflops", t.gflops[0])
-                            .add("amx_flashgrad_gflops", t.gflops[1])
-                            .str());
+  std::vector<std::string> pair_tiles;
+  for (const PairRate& t : r.pair_tiles)
+    pair_tiles.push_back(Json()  // keys of their own: the sweep reads each key across the whole object
+                             .add("pair_product", t.shape.name)
+                             .add("pair_m", t.shape.m)
+                             .add("pair_n", t.shape.n)
+                             .add("pair_k", t.shape.k)
+                             .add("pair_onednn_gflops", t.gflops[0])
+                             .add("pair_flashgrad_gflops", t.gflops[1])
+                             .str());
   return Json()
       .add("cpu", cpu_model())
       .add("isa", isa_name())
@@ -442,8 +444,9 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
       .add("triad_array_bytes", r.triad_n * 8)
       .add("memcpy_gbs", r.copy)
       .add_raw("tiles", Json::array(tiles))
-      .add("amx_tiles_onednn_impl", r.dnnl_impl_amx_tiles)
-      .add_raw("amx_tiles", Json::array(amx_tiles))
+      .add("pair_tiles_engine", r.pair_engine)
+      .add("pair_tiles_onednn_impl", r.dnnl_impl_pair_tiles)
+      .add_raw("pair_tiles", Json::array(pair_tiles))
       .str();
 }
 
@@ -473,11 +476,11 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
     for (double x : t.gflops) std::printf(" %9s", rate_text(x).c_str());
     std::printf("\n");
   }
-  if (r.amx_tiles.empty()) return;
-  std::printf("\n  bf16 tile products on AMX, 1 thread, GFLOP/s (oneDNN matmul %s; flashgrad's operands\n"
-              "  already in its pair layouts):\n", r.dnnl_impl_amx_tiles.c_str());
-  std::printf("  %-62s %15s %9s %9s\n", "", "m x n x k", kAmxContenders[0], kAmxContenders[1]);
-  for (const AmxRate& t : r.amx_tiles)
+  if (r.pair_tiles.empty()) return;
+  std::printf("\n  bf16 tile products, 1 thread, GFLOP/s (oneDNN matmul %s; flashgrad's %s,\n"
+              "  its operands already in its pair layouts):\n", r.dnnl_impl_pair_tiles.c_str(), r.pair_engine.c_str());
+  std::printf("  %-62s %15s %9s %9s\n", "", "m x n x k", kPairContenders[0], kPairContenders[1]);
+  for (const PairRate& t : r.pair_tiles)
     std::printf("  %-62s %15s %9s %9s\n", t.shape.name,
                 format("%lld x %lld x %lld", static_cast<long long>(t.shape.m), static_cast<long long>(t.shape.n),
                        static_cast<long long>(t.shape.k))
@@ -510,7 +513,7 @@ int run_roofline(Args& args) {
   r.sgemm = sgemm_gflops(s.gemm_n, s.threads, s.repeats);
   r.sgemm_1t = sgemm_gflops(s.gemm_n, 1, s.repeats);
   r.tiles = tile_rates(s.quick ? 3 : 7);
-  r.amx_tiles = amx_tile_rates(s.quick ? 3 : 7, &r.dnnl_impl_amx_tiles);
+  r.pair_tiles = pair_tile_rates(s.quick ? 3 : 7, &r.pair_engine, &r.dnnl_impl_pair_tiles);
   // Three 256 MiB arrays (64 MiB quick), far past any cache; memcpy of 512 MiB (128 MiB).
   r.triad_n = s.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
   r.triad = Triad(r.triad_n, s.threads).gbs(s.quick ? 3 : 10);

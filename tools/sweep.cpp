@@ -206,14 +206,16 @@ MachineRates measure_machine(const Sweep& s) {
   for (size_t i = 0; i < products.size() && i < tm.size() && i < tn.size() && i < tk.size(); ++i)
     m.tiles.push_back({products[i], format("%.0f x %.0f x %.0f", tm[i], tn[i], tk[i]), at(ob, i), at(od, i),
                        at(bl, i), at(xs, i), at(fg, i)});
-  const std::vector<std::string> amx_products = json_strings(json, "amx_product");
-  const std::vector<double> am = json_numbers(json, "amx_m"), an = json_numbers(json, "amx_n"),
-                            ak = json_numbers(json, "amx_k"), ao = json_numbers(json, "amx_onednn_gflops"),
-                            af = json_numbers(json, "amx_flashgrad_gflops");
-  for (size_t i = 0; i < amx_products.size() && i < am.size() && i < an.size() && i < ak.size(); ++i)
-    m.amx_tiles.push_back({amx_products[i], format("%.0f x %.0f x %.0f", am[i], an[i], ak[i]), at(ao, i), at(af, i)});
-  const std::vector<std::string> amx_impl = json_strings(json, "amx_tiles_onednn_impl");
-  m.amx_onednn_impl = amx_impl.empty() ? "n/a" : amx_impl.front();
+  const std::vector<std::string> pair_products = json_strings(json, "pair_product");
+  const std::vector<double> pm = json_numbers(json, "pair_m"), pn = json_numbers(json, "pair_n"),
+                            pk = json_numbers(json, "pair_k"), po = json_numbers(json, "pair_onednn_gflops"),
+                            pf = json_numbers(json, "pair_flashgrad_gflops");
+  for (size_t i = 0; i < pair_products.size() && i < pm.size() && i < pn.size() && i < pk.size(); ++i)
+    m.pair_tiles.push_back({pair_products[i], format("%.0f x %.0f x %.0f", pm[i], pn[i], pk[i]), at(po, i), at(pf, i)});
+  const std::vector<std::string> pair_engine = json_strings(json, "pair_tiles_engine"),
+                                 pair_impl = json_strings(json, "pair_tiles_onednn_impl");
+  m.pair_engine = pair_engine.empty() ? "n/a" : pair_engine.front();
+  m.pair_onednn_impl = pair_impl.empty() ? "n/a" : pair_impl.front();
   const std::vector<std::string> blis = json_strings(json, "blis"), xsmm = json_strings(json, "libxsmm");
   m.blis = blis.empty() ? "n/a" : blis.front();
   m.libxsmm = xsmm.empty() ? "n/a" : xsmm.front();

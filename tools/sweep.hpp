@@ -56,12 +56,12 @@ struct MachineRates {
   };
   std::string blis, libxsmm;  // versions, "n/a" where not built in
   std::vector<Tile> tiles;
-  struct AmxTile {  // the amx path's bf16 product against oneDNN's bf16 matmul, 1 thread
+  struct PairTile {  // the bf16 pair product (AMX or AVX512_BF16) against oneDNN's bf16 matmul, 1 thread
     std::string product, shape;
     double onednn_gflops = NAN, flashgrad_gflops = NAN;
   };
-  std::string amx_onednn_impl;
-  std::vector<AmxTile> amx_tiles;  // empty without AMX
+  std::string pair_engine, pair_onednn_impl;  // e.g. "gemm_bf16 (avx512bf16)"
+  std::vector<PairTile> pair_tiles;  // empty on paths without bf16 pair products
 };
 
 // The rates flashgrad's are divided by, measured at the start and at the end

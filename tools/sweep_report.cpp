@@ -220,14 +220,14 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
     md << "| " << x.product << " | " << x.shape << " | " << num(x.openblas_gflops) << " | " << num(x.onednn_gflops)
        << " | " << num(x.blis_gflops) << " | " << num(x.libxsmm_gflops) << " | " << num(x.flashgrad_gflops) << " |\n";
   md << "\n";
-  if (a.amx_tiles.empty()) return;
-  md << "The amx path's bf16 tile products (docs/design.md, \"bf16 on AMX\"), 1 thread, GFLOP/s at the start: "
+  if (a.pair_tiles.empty()) return;
+  md << "The bf16 tile products of this path (docs/design.md), 1 thread, GFLOP/s at the start: "
         "oneDNN's bf16 matmul (`"
-     << a.amx_onednn_impl
-     << "`, a primitive made once per shape) and flashgrad's `gemm_amx`, whose operands are already in its pair "
-        "layouts, each result checked first, taking turns in rounds (medians).\n\n"
+     << a.pair_onednn_impl << "`, a primitive made once per shape) and flashgrad's `" << a.pair_engine
+     << "`, whose operands are already in its pair layouts, each result checked first, taking turns in rounds "
+        "(medians).\n\n"
      << "| product | m x n x k | oneDNN | flashgrad |\n|:---|:---|---:|---:|\n";
-  for (const MachineRates::AmxTile& x : a.amx_tiles)
+  for (const MachineRates::PairTile& x : a.pair_tiles)
     md << "| " << x.product << " | " << x.shape << " | " << num(x.onednn_gflops) << " | " << num(x.flashgrad_gflops)
        << " |\n";
   md << "\n";
