@@ -283,6 +283,27 @@ QueryBlock<Acc> query_block_buffers(const TilePlan& plan, Slice<Acc> ws, int64_t
                          ws.idx(L.row_lo), ws.idx(L.row_hi)};
 }
 
+// sum_c o[c] g[c] over n elements (strides os, gs), in Acc. Contiguous f32
+// rows sum in kLanes lanes with FMAs, then across the lanes: the scalar
+// chain, one add waiting on the last, took 4.4% of a bf16 backward's
+// samples at L = 512 (d = 64, causal, 1 thread).
+template <typename Acc, typename O, typename T>
+Acc row_dot(const O* o, int64_t os, const T* g, int64_t gs, int64_t n) {
+  Acc acc = 0;
+  int64_t c = 0;
+#if FG_VEC_GEMM
+  if constexpr (std::is_same<Acc, float>::value && !std::is_same<T, double>::value) {
+    if (os == 1 && gs == 1 && n >= kLanes) {
+      VecF v = vzero();
+      for (; c + kLanes <= n; c += kLanes) v = vfma(vload_as(o + c), vload_as(g + c), v);
+      acc = vreduce_add(v);
+    }
+  }
+#endif
+  for (; c < n; ++c) acc += static_cast<Acc>(to_float(o[c * os])) * static_cast<Acc>(to_float(g[c * gs]));
+  return acc;
+}
+
 // O is read as the storage type T or, when it was kept in f32, as O.
 template <typename T, typename O, typename Acc>
 void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t qblk,
@@ -297,10 +318,7 @@ void compute_delta(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   for (int64_t i = i0; i < std::min(lq, i0 + plan.block_q); ++i) {
     const O* orow = out + row_offset(p.out, b, q0 + i, h);
     const T* grow = dout + row_offset(p.dout, b, q0 + i, h);
-    Acc acc = 0;
-    for (int64_t c = 0; c < p.head_dim_v; ++c)
-      acc += static_cast<Acc>(to_float(orow[c * p.out.dim_stride])) *
-             static_cast<Acc>(to_float(grow[c * p.dout.dim_stride]));
+    const Acc acc = row_dot<Acc>(orow, p.out.dim_stride, grow, p.dout.dim_stride, p.head_dim_v);
     delta[i] = acc;
     if (p.sinks) {  // d lse / d sink = P_sink; d sink = -sum_i P_sink,i * delta_i
       const double l = lse_load(p, row_offset(p.lse, b, q0 + i, h));
