@@ -110,10 +110,11 @@ struct HeadCtx {
       }
     }
     if (partial) {
-      for (int64_t jj = 0; jj < nj; ++jj) {
-        const int64_t j = j0 + jj;
-        if (j < lo || j > hi) s[jj] = neg_inf<Acc>();
-      }
+      // Keys outside [lo, hi] as two fills: an index test per key, on 64-bit
+      // lanes, took about 1% of a causal bf16 backward at L = 512.
+      const int64_t a = std::clamp<int64_t>(lo - j0, 0, nj), e = std::clamp<int64_t>(hi - j0 + 1, a, nj);
+      std::fill(s, s + a, neg_inf<Acc>());
+      std::fill(s + e, s + nj, neg_inf<Acc>());
       if (mask) {
         const uint8_t* mrow = mask + i * mask_rs;
         for (int64_t jj = 0; jj < nj; ++jj) s[jj] = keep_or_neg_inf(s[jj], mrow[(j0 + jj) * mask_cs] != 0);
