@@ -833,8 +833,10 @@ struct NextTile {
 // 2 heads 10.0 -> 15.1, 4 heads 9.6 -> 13.4, 8 heads d = 64 9.3 -> 14.6,
 // 8 heads [b, h, s, d] 9.0 -> 15.5; with rows a page apart it cost: 8 heads
 // 16.7 -> 13.6, 16 heads d = 64 even). 16, 32 and 64 keys ahead measured
-// alike. Those were AVX-512 numbers; on AVX2 (kNarrowPrefetchNext) the
-// products ask for the next tile's rows instead, whatever the layout.
+// alike. Those were AVX-512 numbers on an Intel host; on AVX2, and on
+// AVX-512 since a Zen 4 host measured it (kNarrowPrefetchNext,
+// vec_avx512.inl), the products ask for the next tile's rows instead,
+// whatever the layout.
 constexpr int64_t kNarrowAheadKeys = 32;
 
 // The byte offset from rows of o read in place (ld: their stride in

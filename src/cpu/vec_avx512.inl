@@ -16,10 +16,20 @@ constexpr int64_t kGemmVecs = 4;
 // read 1.25x (bf16 1.81x) and 3 K/V heads (12 query heads, 4 rows) f32
 // 0.99x, bf16 1.27x.
 constexpr int64_t kWholeRows = 4;
-constexpr int64_t kNarrowMinRows = 8;  // narrow tiles from 8 stacked query rows (forward.inl)
+// Narrow tiles (forward.inl) from 5 stacked query rows, with the next tile's
+// K and V rows asked of L2 during the products (vec_avx2.inl). On Zen 4, f32,
+// d = 128, 8 heads, 2 threads, `flashgrad ab --pass forward`, 8-10 pairs:
+// the prefetch (outputs bitwise identical) Lq = 16 at Lk = 4096 / 16k /
+// 64k / 128k 1.38x / 1.26x / 1.42x / 1.33x, Lq = 8 1.38x / 1.30x (16k /
+// 64k), Lq = 12 1.40x, Lq = 24 1.11x, causal 1.21x, [B, H, L, d] 1.02x,
+// d = 64 0.99x, bf16 (avx512) 1.00x; then narrow tiles from 5 rows instead
+// of 8 (the row path before): Lq = 5 / 6 / 7 1.40x / 1.37x / 1.45x at 64k,
+// Lq = 5 / 7 1.41x / 1.56x at 4096, bf16 Lq = 6 1.14x, Lq = 5 0.98x; from
+// 3 rows Lq = 3 ran 0.90x (whole rows, kWholeRows, stay ahead to 4).
+constexpr int64_t kNarrowMinRows = 5;
 constexpr int64_t kNarrowMaxRows = 31;  // to 31 (two vectors; 32 rows keys-major: not measured here)
 constexpr int64_t kNarrowWidth = 32;  // query rows per narrow chunk: two vectors
-constexpr bool kNarrowPrefetchNext = false;  // narrow tiles' next-tile prefetch (vec_avx2.inl): not measured here
+constexpr bool kNarrowPrefetchNext = true;
 // Decode across heads' prefetch (vec_avx2.inl): off. On Zen 5, K's rows 8
 // to 64 keys ahead measured 0.96-0.99x in bf16 (docs/performance.md).
 constexpr int64_t kHeadsAheadKeys = 0;
