@@ -211,6 +211,7 @@ inline void round_bf16_pairs(float* s, int64_t n) {
 // then rounded to bf16 pairs in place over words [0, w / 2) (w >= n, a
 // multiple of 32; pairs past n hold zero). Returns the sum.
 inline float exp_row_pairs(float* s, int64_t n, float m, int64_t w) {
+  FG_DASSERT(n % 16 == 0 && w % 32 == 0 && n <= w);
   const VecF mv = vbroadcast(m);
   VecF sum = vzero();
   int64_t j = 0;
