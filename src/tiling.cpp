@@ -129,6 +129,16 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   f.row_mask = c.take(sat_mul(rows_pad, 8) / t.acc_bytes);
   f.row_drop_x = c.take(ceil_div(sat_mul(round_up(t.block_q, kPad), 4), t.acc_bytes));
   f.row_drop_bh = c.take(ceil_div(sat_mul(rows_pad, 4), t.acc_bytes));
+  // Pair tiles kept across query blocks (ForwardScratch::pair_tiles) pay
+  // where a thread takes at least two blocks of a head in a row.
+  if (pairs && ceil_div(p.seqlen_q, t.head_rows) >= 2 * t.threads) {
+    f.pair_slot = t.dqk_pad / 2 * t.bk_pad + ceil_div(t.block_k, 2) * t.dv_pad;
+    const int64_t tiles = sat_mul(t.kv_heads, ceil_div(t.split_k, t.block_k));
+    f.pair_slots = std::min(tiles, kPairCacheBytes / (f.pair_slot * t.acc_bytes));
+    f.pair_tag = c.take(4 * 8 / t.acc_bytes);
+    f.pair_ready = c.take(ceil_div(f.pair_slots, t.acc_bytes));
+    f.pair_tiles = c.take(sat_mul(f.pair_slots, f.pair_slot));
+  }
   f.total = c.at;
   t.per_thread_bytes = round_up(sat_mul(f.total, t.acc_bytes), kAlign);
   t.shared_bytes = 0;

@@ -14,6 +14,9 @@ namespace flashgrad {
 constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
+// Per thread, at most this many bytes of K/V tiles kept as pair products
+// read them (ForwardScratch::pair_tiles).
+constexpr int64_t kPairCacheBytes = int64_t{4} << 20;
 
 // Row stride of tiles of n columns whose columns the tile products walk down
 // (the forward's keys-major Q^T and S^T, the backward's K^T, V^T, S and dP):
@@ -34,6 +37,12 @@ struct ForwardScratch {
   // rows; row_drop_x (uint32) one such stride.
   int64_t q, qt, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, row_lo_f, row_hi_f, row_pos_f,
       row_slope_f, row_bias, row_mask, row_drop_x, row_drop_bh, total;
+  // Pair products only: K/V tiles as the products read them, kept across the
+  // query blocks of a task's K/V heads (forward.inl, PairTileCache):
+  // pair_slots slots of pair_slot elements each, a ready byte per slot, and
+  // pair_tag (4 int64: batch, first K/V head, split, slots in use) naming
+  // whose tiles they hold.
+  int64_t pair_tag = 0, pair_ready = 0, pair_tiles = 0, pair_slots = 0, pair_slot = 0;
   // Shared, when the keys are split: partial out [splits, batch, heads_q, seqlen_q, dv]
   // and lse [splits, batch, heads_q, seqlen_q], from the start of the shared region.
   int64_t part_o, part_lse;

@@ -85,5 +85,41 @@ TEST(Determinism, VarlenF16) {
   expect_deterministic(c);
 }
 
+// On bf16 pair products the forward keeps K/V tiles per thread across a
+// head's query blocks (PairTileCache) where each thread takes at least two
+// blocks: one and two threads keep them here, three do not, and the bits
+// must not tell. The batches switch the held tiles' owner; the wide case has
+// more key tiles (46 of 64 keys) than slots (40 at d = 512, dv = 320); the
+// last splits its keys, so that a task holds the tiles of both K/V heads.
+TEST(Determinism, PairTilesKeptAcrossQueryBlocks) {
+  Case c = multi_block();
+  c.dtype = DType::bf16;
+  c.seqlens_q = {200, 140};
+  c.seqlens_k = {300, 520};
+  c.causal = true;
+  expect_deterministic(c);
+  c.causal = false;
+  c.window_left = 70;
+  expect_deterministic(c);
+  Case wide;
+  wide.dtype = DType::bf16;
+  wide.seqlen_q = 32;
+  wide.seqlen_k = 2900;
+  wide.heads_q = 2;
+  wide.heads_kv = 1;
+  wide.head_dim = 512;
+  wide.head_dim_v = 320;
+  expect_deterministic(wide);
+  Case heads;
+  heads.dtype = DType::bf16;
+  heads.seqlen_q = 16;
+  heads.seqlen_k = 2500;
+  heads.heads_q = 64;
+  heads.heads_kv = 2;
+  heads.head_dim = 32;
+  heads.head_dim_v = 32;
+  expect_deterministic(heads);
+}
+
 }  // namespace
 }  // namespace flashgrad::testing

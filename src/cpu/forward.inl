@@ -811,6 +811,8 @@ struct ScoreCols {
 // The rows of the tile after this one: n rows from seq0 of K/V head hk (n = 0: none).
 struct NextTile {
   int64_t seq0, hk, n;
+  const char* held = nullptr;  // or its K/V pairs, held_bytes of them (PairTileCache)
+  int64_t held_bytes = 0;
 };
 
 #if FG_VEC_GEMM
@@ -1189,6 +1191,53 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
   (void)st, (void)m, (void)l, (void)alpha, (void)o, (void)lo, (void)hi, (void)sc, (void)j0, (void)cut, (void)next;
 }
 
+// K/V tiles as pair products read them, kept per thread across the query
+// blocks of its task's K/V heads (ForwardScratch::pair_tiles): a thread
+// takes a head's blocks in turn (forward_impl), and each block laid every
+// tile out as pairs again. Slot x * per_head + t holds tile t of K/V head
+// hk0 + x of the tag's run; tiles past the plan's slots are laid out per use.
+template <typename Acc>
+struct PairTileCache {
+  int64_t slots = 0, slot = 0, per_head = 0;
+  uint8_t* ready = nullptr;
+  Acc* tiles = nullptr;
+
+  PairTileCache(const TilePlan& plan, Slice<Acc> ws, int64_t b, int64_t hk0, int64_t split, int64_t per_head_)
+      : slots(plan.fwd.pair_slots), slot(plan.fwd.pair_slot), per_head(per_head_) {
+    if (!slots) return;
+    ready = reinterpret_cast<uint8_t*>(ws.at(plan.fwd.pair_ready));
+    tiles = ws.at(plan.fwd.pair_tiles);
+    int64_t* tag = ws.idx(plan.fwd.pair_tag);
+    if (tag[0] == b && tag[1] == hk0 && tag[2] == split) return;
+    tag[0] = b, tag[1] = hk0, tag[2] = split;
+    std::memset(ready, 0, static_cast<size_t>(slots));
+  }
+  // Forgets every thread's tiles: a call's K and V are not the last call's.
+  static void clear(const TilePlan& plan, Acc* base, int64_t per_thread) {
+    if (!plan.fwd.pair_slots) return;
+    for (int t = 0; t < plan.threads; ++t) Slice<Acc>{base + t * per_thread}.idx(plan.fwd.pair_tag)[0] = -1;
+  }
+  int64_t index(int64_t x, int64_t t) const { return x * per_head + t < slots ? x * per_head + t : -1; }
+  // Tile t of head x if it is held, else null.
+  const Acc* held(int64_t x, int64_t t) const {
+    const int64_t i = index(x, t);
+    return i >= 0 && ready[i] ? tiles + i * slot : nullptr;
+  }
+  // Tile t of head x, laid out by load(kt, v) into its slot the first time;
+  // null past the slots.
+  template <typename Load>
+  Acc* get(int64_t x, int64_t t, int64_t kt_elems, Load&& load) {
+    const int64_t i = index(x, t);
+    if (i < 0) return nullptr;
+    Acc* kt = tiles + i * slot;
+    if (!ready[i]) {
+      load(kt, kt + kt_elems);
+      ready[i] = 1;
+    }
+    return kt;
+  }
+};
+
 template <typename T, typename Acc, typename Tiles>
 void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk0, int64_t qb, int64_t split,
                   Slice<Acc> ws, Slice<Acc> shared) {
@@ -1209,6 +1258,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   Acc *lo_f = ws.at(L.row_lo_f), *hi_f = ws.at(L.row_hi_f), *pos_f = ws.at(L.row_pos_f), *slope_f = ws.at(L.row_slope_f);
   uint8_t keep[kMaxBlockK];
   Tiles tiles(p, mq);
+  PairTileCache<Acc> cache(plan, ws, b, hk0, split, ceil_div(k_hi - k_lo, plan.block_k));
+  const int64_t kt_elems = plan.dqk_pad / 2 * plan.bk_pad;
 
   std::vector<HeadCtx<Acc>> ctx;  // one per query head of the task
   ctx.reserve(static_cast<size_t>(nh * plan.group));
@@ -1373,6 +1424,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
       prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
       prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
+      for (int64_t at = round_up(r * next.held_bytes / mq, 64); at < (r + 1) * next.held_bytes / mq; at += 64)
+        prefetch_l2(next.held + at);
     }
   };
   // The tile of keys j0.. (nj of them) of K/V head hk0 + x.
@@ -1413,21 +1466,30 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       }
       return;
     }
-    tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt, v, stage);
+    // Rows of the next tile to ask L2 for, or its pairs where they are held.
+    const Acc* held_next = next.n ? cache.held(next.hk - hk0, (next.seq0 - k0 - k_lo) / plan.block_k) : nullptr;
+    NextTile ahead = prefetch && !held_next ? next : NextTile{0, 0, 0};
+    if (held_next) ahead.held = reinterpret_cast<const char*>(held_next), ahead.held_bytes = cache.slot * sizeof(Acc);
+    Acc *ktx = kt, *vx = v;
+    const auto load = [&](Acc* kt_dst, Acc* v_dst) { tiles.load_kv(p, plan, b, k0 + j0, hk, nj, kt_dst, v_dst, stage); };
+    if (Acc* held = cache.get(x, (j0 - k_lo) / plan.block_k, kt_elems, load))
+      ktx = held, vx = held + kt_elems;
+    else
+      load(kt, v);
     if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, k_hi - j0);
 #if FG_BF16_DOT
     if constexpr (kDotTiles<Tiles>) {
       if (cut) {
-        tiles.qk_cut(plan, mq, d, qx, kt, scale, s, hi, j0, nj);
-        softmax_rows(j0, nj, x, kind, s, prefetch ? next : NextTile{0, 0, 0});
-        tiles.pv_cut(plan, mq, nj, s, v, ax, ox, hi, j0);
+        tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, hi, j0, nj);
+        softmax_rows(j0, nj, x, kind, s, ahead);
+        tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, hi, j0);
         return;
       }
     }
 #endif
-    tiles.qk(plan, mq, d, qx, kt, scale, s);
-    softmax_rows(j0, nj, x, kind, s, prefetch ? next : NextTile{0, 0, 0});
-    tiles.pv(plan, mq, nj, s, v, ax, ox, pv);
+    tiles.qk(plan, mq, d, qx, ktx, scale, s);
+    softmax_rows(j0, nj, x, kind, s, ahead);
+    tiles.pv(plan, mq, nj, s, vx, ax, ox, pv);
   };
   // The tile of keys j0.. (nj of them) of every K/V head of the task, across
   // heads at a time (heads_across): S of head x in rows x * mq.. of s, the
@@ -1541,6 +1603,7 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   // Threads claim tasks in order; under a causal mask later query blocks
   // see more keys, so each head's blocks go last to first and the short
   // ones even out where the threads finish.
+  PairTileCache<Acc>::clear(plan, base, per_thread);
   parallel_for(p.batch * head_runs * nqb * splits, plan.threads, [&](int64_t task, int thread) {
     const int64_t sp = task % splits, qb = nqb - 1 - task / splits % nqb, bh = task / splits / nqb;
     forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
