@@ -14,8 +14,9 @@ namespace flashgrad {
 constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
-// Per thread, at most this many bytes of K/V tiles kept as pair products
-// read them (ForwardScratch::pair_tiles).
+// Per thread, at most this many bytes of tiles kept as pair products read
+// them: the forward's K/V tiles (ForwardScratch::pair_tiles), the single
+// pass backward's q and dO blocks (BackwardScratch::held_q).
 constexpr int64_t kPairCacheBytes = int64_t{4} << 20;
 
 // Row stride of tiles of n columns whose columns the tile products walk down
@@ -59,6 +60,11 @@ struct BackwardScratch {
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
   int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // pair-product plans only
   int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
+  // Fused pair products only: the query blocks' q and dO pairs in both
+  // layouts (PairBackward::load_q), kept across the task's key blocks:
+  // held_slots slots of held_slot elements, slot g * nqb + i holding block i
+  // of the group's query head g, and a ready byte per slot.
+  int64_t held_q = 0, held_ready = 0, held_slots = 0, held_slot = 0;
 };
 
 // A short-query forward (seqlen_q <= kSplitMaxRows) splits its keys into

@@ -87,15 +87,19 @@ TEST(Determinism, VarlenF16) {
 
 // On bf16 pair products the forward keeps K/V tiles per thread across a
 // head's query blocks (PairTileCache) where each thread takes at least two
-// blocks: one and two threads keep them here, three do not, and the bits
-// must not tell. The batches switch the held tiles' owner; the wide case has
-// more key tiles (46 of 64 keys) than slots (40 at d = 512, dv = 320); the
-// last splits its keys, so that a task holds the tiles of both K/V heads.
-TEST(Determinism, PairTilesKeptAcrossQueryBlocks) {
+// blocks, and the single-pass backward keeps q and dO blocks across its key
+// blocks (BackwardScratch::held_q) from 4 key blocks on. One and two threads
+// hold them in these cases, three do not (fewer blocks per thread; 2 tasks
+// on 3 threads take the two-pass backward), and the bits must not tell.
+// The batches switch the held tiles' owner; the wide case has more key tiles
+// (46 of 64 keys) than the forward's slots (40 at d = 512, dv = 320), the
+// tall one more query blocks (50 of 16 rows) than the backward's (40); the
+// last splits its keys, so that a forward task holds both K/V heads' tiles.
+TEST(Determinism, PairsHeldAcrossBlocks) {
   Case c = multi_block();
   c.dtype = DType::bf16;
   c.seqlens_q = {200, 140};
-  c.seqlens_k = {300, 520};
+  c.seqlens_k = {300, 1100};
   c.causal = true;
   expect_deterministic(c);
   c.causal = false;
@@ -110,6 +114,10 @@ TEST(Determinism, PairTilesKeptAcrossQueryBlocks) {
   wide.head_dim = 512;
   wide.head_dim_v = 320;
   expect_deterministic(wide);
+  Case tall = wide;
+  tall.seqlen_q = 400;
+  tall.seqlen_k = 300;
+  expect_deterministic(tall);
   Case heads;
   heads.dtype = DType::bf16;
   heads.seqlen_q = 16;

@@ -138,6 +138,7 @@ struct PairBackward {
   static constexpr bool kPairs = true;
   Products products;
   uint32_t *qp, *dop, *qtp, *dotp, *pp, *dsp;
+  uint32_t *const qp_ws, *const dop_ws, *const qtp_ws, *const dotp_ws;
   int64_t mh = 0;
   PairBackward(const TilePlan& plan, Slice<float> ws)
       : qp(words(ws.at(plan.bwd.q_pairs))),
@@ -145,7 +146,11 @@ struct PairBackward {
         qtp(words(ws.at(plan.bwd.q))),
         dotp(words(ws.at(plan.bwd.dout))),
         pp(words(ws.at(plan.bwd.pairs))),
-        dsp(words(ws.at(plan.bwd.pairs) + round_up(plan.block_q, kPad) / 2 * plan.bk_ld)) {
+        dsp(words(ws.at(plan.bwd.pairs) + round_up(plan.block_q, kPad) / 2 * plan.bk_ld)),
+        qp_ws(qp),
+        dop_ws(dop),
+        qtp_ws(qtp),
+        dotp_ws(dotp) {
     FG_DASSERT(plan.bwd.pairs > 0);  // plan_backward(p, true)
   }
   static uint32_t* words(float* x) { return reinterpret_cast<uint32_t*>(x); }
@@ -153,17 +158,29 @@ struct PairBackward {
 
   // The query block's q and dO as row pairs and, for the dK/dV products
   // (transposed), as pairs of query rows transposed; stage holds
-  // [mh, max(dqk_pad, dv_pad)] words.
+  // [mh, max(dqk_pad, dv_pad)] words. With held (a slot of
+  // BackwardScratch::held_q) all four go there, laid out only where they
+  // are not there yet (!ready).
   void load_q(const AttnParams& p, const TilePlan& plan, const HeadCtx<float>& ctx, const QueryBlock<float>& qb,
-              bool transposed, float* stage) {
+              bool transposed, float* stage, float* held = nullptr, bool ready = false) {
     const int64_t dp = plan.dqk_pad / 2, dvp = plan.dv_pad / 2, q0 = p.q_start(ctx.b) + qb.i0;
+    const int64_t pairs = (qb.mq + 1) / 2;
+    mh = round_up(pairs, pairs < 16 ? Products::kRowPairs : 16);
+    if (held) {
+      const int64_t bq_pairs = round_up(plan.block_q, kPad), mh_max = round_up(ceil_div(plan.block_q, 2), 16);
+      qp = words(held);
+      dop = qp + bq_pairs * dp;
+      qtp = dop + bq_pairs * dvp;
+      dotp = qtp + mh_max * plan.dqk_pad;
+      if (ready) return;
+    } else {
+      qp = qp_ws, dop = dop_ws, qtp = qtp_ws, dotp = dotp_ws;
+    }
     for (int64_t r = 0; r < qb.mq; ++r) {
       Bf16DotTiles::load_pairs(p.q, ctx.b, q0 + r, ctx.h, p.head_dim, dp, qp + r * dp);
       Bf16DotTiles::load_pairs(p.dout, ctx.b, q0 + r, ctx.h, p.head_dim_v, dvp, dop + r * dvp);
     }
     Products::scale_q(p, qp, qb.mq * dp);
-    const int64_t pairs = (qb.mq + 1) / 2;
-    mh = round_up(pairs, pairs < 16 ? Products::kRowPairs : 16);
     if (!transposed) return;
     Bf16DotTiles::load_pair_rows(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, mh, plan.dqk_pad, words(stage));
     transpose_pairs(mh, plan.dqk_pad, stage, qtp);
@@ -368,10 +385,26 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kPairs);
-      if constexpr (Bwd::kPairs) bwd.load_q(p, plan, ctx, qb, true, tmp);
-      // The next query block's rows (or the next head's first) into L2 while this one computes.
+      // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
+      const auto slot_of = [&](int64_t hq, int64_t iq) {
+        const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
+        return dq_acc && x < L.held_slots ? x : int64_t{-1};
+      };
+      uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
+      if constexpr (Bwd::kPairs) {
+        const int64_t x = slot_of(h, i0);
+        bwd.load_q(p, plan, ctx, qb, true, tmp, x >= 0 ? ws.at(L.held_q) + x * L.held_slot : nullptr,
+                   x >= 0 && ready[x]);
+        if (x >= 0) ready[x] = 1;
+      }
+      // The next query block's rows (or the next head's first) into L2 while
+      // this one computes, unless they are held as pairs.
       const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
-      if (hn < (hk + 1) * group) {
+      const int64_t xn = hn < (hk + 1) * group ? slot_of(hn, in) : -1;
+      if (xn >= 0 && ready[xn]) {
+        const char* next = reinterpret_cast<const char*>(ws.at(L.held_q) + xn * L.held_slot);
+        for (int64_t at = 0; at < L.held_slot * static_cast<int64_t>(sizeof(Acc)); at += 64) prefetch_l2(next + at);
+      } else if (hn < (hk + 1) * group) {
         const int64_t mn = std::min(plan.block_q, p.len_q(b) - in), qn = p.q_start(b) + in;
         prefetch_rows<T>(p.q, b, qn, hn, mn, p.head_dim);
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
@@ -468,6 +501,7 @@ void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_
   const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
   Acc* dq_acc = ws.at(plan.bwd.dq_acc);
   for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
+  std::memset(ws.at(plan.bwd.held_ready), 0, static_cast<size_t>(plan.bwd.held_slots));
   for (int64_t kblk = 0; kblk < ceil_div(p.len_k(b), plan.block_k); ++kblk)
     backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, dq_acc);
   const int64_t q0 = p.q_start(b);
