@@ -205,13 +205,14 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
             (tasks % t.threads == 0 || tasks >= 4 * t.threads);
   if (t.fused) g.dq_acc = c.take(dq_elems);
   // Held q and dO pairs pay from 4 key blocks on (bf16, d = 128, 8 heads, 2
-  // threads, `flashgrad ab`, 12-16 pairs, backward: L = 512, 2 key blocks,
-  // 0.96x, causal 0.97x; L = 1024 1.03x, L = 2048 1.04x, causal 1.01x).
+  // threads, `flashgrad ab`, 10-16 pairs, backward: L = 512, 2 key blocks,
+  // 0.96x, causal 0.97x; L = 1024 1.03x, L = 2048 1.04-1.05x, causal 1.01x;
+  // L = 4096 1.04x all held, 1.02x with half of them under kHeldQueryBytes).
   if (t.fused && pairs && ceil_div(p.seqlen_k, bk) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);
     const int64_t blocks = sat_mul(p.heads_q / std::max<int64_t>(p.heads_kv, 1), ceil_div(p.seqlen_q, bq));
-    g.held_slots = std::min(blocks, kPairCacheBytes / (g.held_slot * t.acc_bytes));
+    g.held_slots = std::min(blocks, kHeldQueryBytes / (g.held_slot * t.acc_bytes));
     g.held_ready = c.take(ceil_div(g.held_slots, t.acc_bytes));
     g.held_q = c.take(sat_mul(g.held_slots, g.held_slot));
   }

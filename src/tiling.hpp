@@ -15,9 +15,11 @@ constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
 // Per thread, at most this many bytes of tiles kept as pair products read
-// them: the forward's K/V tiles (ForwardScratch::pair_tiles), the single
-// pass backward's q and dO blocks (BackwardScratch::held_q).
+// them: the forward's K/V tiles (ForwardScratch::pair_tiles), and the
+// single-pass backward's q and dO blocks (BackwardScratch::held_q), which
+// share the workspace with its dQ accumulators.
 constexpr int64_t kPairCacheBytes = int64_t{4} << 20;
+constexpr int64_t kHeldQueryBytes = int64_t{2} << 20;
 
 // Row stride of tiles of n columns whose columns the tile products walk down
 // (the forward's keys-major Q^T and S^T, the backward's K^T, V^T, S and dP):

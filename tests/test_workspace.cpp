@@ -92,7 +92,8 @@ TEST(Workspace, LinearInSequenceLengthAt32k) {
     RecordProperty("backward_bytes_32k", std::to_string(bwd));
     EXPECT_EQ(fwd, workspace(false, {L / 2, 8, 128}, threads)) << "forward workspace must not grow with L";
     // The single-pass backward adds one f32 dQ accumulator [L, 128] per thread
-    // (capped at 48 MiB for all threads); the rest is tiles.
+    // (capped at 48 MiB for all threads); the rest is tiles and, on bf16 pair
+    // products, the query blocks it holds as pairs (2 MiB per thread).
     const int64_t dq_acc = threads * L * 128 * 4;
     EXPECT_LT(bwd, (8 << 20) + dq_acc) << "backward workspace at L=32768";
     EXPECT_LT(bwd * 100, score_matrix);
