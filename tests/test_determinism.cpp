@@ -92,8 +92,8 @@ TEST(Determinism, VarlenF16) {
 // hold them in these cases, three do not (fewer blocks per thread; 2 tasks
 // on 3 threads take the two-pass backward), and the bits must not tell.
 // The batches switch the held tiles' owner; the wide case has more key tiles
-// (46 of 64 keys) than the forward's slots (40 at d = 512, dv = 320), the
-// tall one more query blocks (50 of 16 rows) than the backward's (40); the
+// (46 of 64 keys) than the forward's slots (39 at d = 512, dv = 320), the
+// tall one more query blocks (50 of 16 rows) than the backward's (19); the
 // last splits its keys, so that a forward task holds both K/V heads' tiles.
 TEST(Determinism, PairsHeldAcrossBlocks) {
   Case c = multi_block();
@@ -105,28 +105,15 @@ TEST(Determinism, PairsHeldAcrossBlocks) {
   c.causal = false;
   c.window_left = 70;
   expect_deterministic(c);
-  Case wide;
-  wide.dtype = DType::bf16;
-  wide.seqlen_q = 32;
-  wide.seqlen_k = 2900;
-  wide.heads_q = 2;
-  wide.heads_kv = 1;
-  wide.head_dim = 512;
-  wide.head_dim_v = 320;
-  expect_deterministic(wide);
-  Case tall = wide;
-  tall.seqlen_q = 400;
-  tall.seqlen_k = 300;
-  expect_deterministic(tall);
-  Case heads;
-  heads.dtype = DType::bf16;
-  heads.seqlen_q = 16;
-  heads.seqlen_k = 2500;
-  heads.heads_q = 64;
-  heads.heads_kv = 2;
-  heads.head_dim = 32;
-  heads.head_dim_v = 32;
-  expect_deterministic(heads);
+  const auto bf16_case = [](int64_t lq, int64_t lk, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+    Case x;
+    x.dtype = DType::bf16;
+    x.seqlen_q = lq, x.seqlen_k = lk, x.heads_q = hq, x.heads_kv = hkv, x.head_dim = d, x.head_dim_v = dv;
+    return x;
+  };
+  expect_deterministic(bf16_case(32, 2900, 2, 1, 512, 320));  // wide
+  expect_deterministic(bf16_case(400, 300, 2, 1, 512, 320));  // tall
+  expect_deterministic(bf16_case(16, 2500, 64, 2, 32, 32));   // split keys
 }
 
 }  // namespace
