@@ -139,7 +139,7 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
     f.pair_slot = t.dqk_pad / 2 * t.bk_pad + ceil_div(t.block_k, 2) * t.dv_pad;
     const int64_t tiles = sat_mul(t.kv_heads, ceil_div(t.split_k, t.block_k));
     f.pair_slots = std::min(tiles, kPairCacheBytes / (f.pair_slot * t.acc_bytes));
-    f.pair_tag = c.take(4 * 8 / t.acc_bytes);
+    f.pair_tag = c.take(3 * 8 / t.acc_bytes);
     f.pair_ready = c.take(ceil_div(f.pair_slots, t.acc_bytes));
     f.pair_tiles = c.take(sat_mul(f.pair_slots, f.pair_slot));
   }

@@ -43,8 +43,8 @@ struct ForwardScratch {
   // Pair products only: K/V tiles as the products read them, kept across the
   // query blocks of a task's K/V heads (forward.inl, PairTileCache):
   // pair_slots slots of pair_slot elements each, a ready byte per slot, and
-  // pair_tag (4 int64: batch, first K/V head, split, slots in use) naming
-  // whose tiles they hold.
+  // pair_tag (3 int64: batch, first K/V head, split) naming whose tiles
+  // they hold.
   int64_t pair_tag = 0, pair_ready = 0, pair_tiles = 0, pair_slots = 0, pair_slot = 0;
   // Shared, when the keys are split: partial out [splits, batch, heads_q, seqlen_q, dv]
   // and lse [splits, batch, heads_q, seqlen_q], from the start of the shared region.

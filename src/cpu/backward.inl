@@ -377,6 +377,12 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   for (int64_t x = 0; x < dv_n; ++x) dv[x] = Acc(0);
 
   const int64_t group = p.heads_q / p.heads_kv;
+  // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
+  const auto slot_of = [&](int64_t hq, int64_t iq) {
+    const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
+    return dq_acc && x < L.held_slots ? x : int64_t{-1};
+  };
+  uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadCtx<Acc> ctx(p, b, h);
     for (int64_t i0 = 0; i0 < ctx.lq; i0 += plan.block_q) {
@@ -385,12 +391,6 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
       if (kind == TileKind::skip) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kPairs);
-      // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
-      const auto slot_of = [&](int64_t hq, int64_t iq) {
-        const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
-        return dq_acc && x < L.held_slots ? x : int64_t{-1};
-      };
-      uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
       if constexpr (Bwd::kPairs) {
         const int64_t x = slot_of(h, i0);
         bwd.load_q(p, plan, ctx, qb, true, tmp, x >= 0 ? ws.at(L.held_q) + x * L.held_slot : nullptr,
