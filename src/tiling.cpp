@@ -205,14 +205,31 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   constexpr int64_t kFusedBytes = int64_t{48} << 20;
   const int64_t tasks = p.batch * p.heads_kv;
   const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
-  t.fused = !p.dbias.data && sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
-            (tasks % t.threads == 0 || tasks >= 4 * t.threads);
-  if (t.fused) g.dq_acc = c.take(dq_elems);
+  // A single (batch, K/V head) pair (MQA at batch 1) cuts its keys into
+  // runs: a power of two of them (thread counts mostly are), at most
+  // kRuns and as many as let the runs' dQ partials (each the size of dQ in
+  // f32) fit in kFusedBytes; from the shapes alone, so that the thread
+  // count does not change the sums. 8 query heads, d = 128, 2 threads,
+  // `flashgrad ab --pass backward` against the two-pass form: bf16 L =
+  // 2048 (4 runs) 1.28x, causal 1.135x; L = 4096 (2 runs) 1.36x, causal
+  // 1.28x; f32 L = 2048 1.335x; 1 thread, against the single pass it took
+  // there, 0.97x. With two pairs, cut into runs too (4 each), 0.91x and
+  // causal 0.85x against the single pass 2 threads give them.
+  constexpr int64_t kRuns = 8;
+  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
+  const int64_t part_bytes = sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
+  if (!p.dbias.data && tasks == 1) {
+    const int64_t most = std::min({kRuns, nkb, kFusedBytes / std::max<int64_t>(part_bytes, 1)});
+    while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
+  }
+  t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
+                                                   (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
+  if (t.fused && t.key_chunks == 1) g.dq_acc = c.take(dq_elems);
   // Held q and dO pairs pay from 4 key blocks on (bf16, d = 128, 8 heads, 2
   // threads, `flashgrad ab`, 10-16 pairs, backward: L = 512, 2 key blocks,
   // 0.96x, causal 0.97x; L = 1024 1.03x, L = 2048 1.04-1.05x, causal 1.01x;
   // L = 4096 1.04x all held, 1.02x with half of them under kHeldQueryBytes).
-  if (t.fused && pairs && ceil_div(p.seqlen_k, bk) >= 4) {
+  if (t.fused && pairs && ceil_div(nkb, t.key_chunks) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);
     const int64_t blocks = sat_mul(p.heads_q / std::max<int64_t>(p.heads_kv, 1), ceil_div(p.seqlen_q, bq));
@@ -226,6 +243,7 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, t.block_q);
   t.shared_bytes = round_up(rows * t.acc_bytes, kAlign) + round_up(blocks * 8, kAlign);
+  if (t.key_chunks > 1) t.shared_bytes += sat_mul(t.key_chunks, part_bytes);
   return t;
 }
 

@@ -61,7 +61,7 @@ struct BackwardScratch {
   // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
   int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // pair-product plans only
-  int64_t dq_acc;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
+  int64_t dq_acc = 0;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
   // Fused pair products only: the query blocks' q and dO pairs in both
   // layouts (PairBackward::load_q), kept across the task's key blocks:
   // held_slots slots of held_slot elements, slot g * nqb + i holding block i
@@ -116,6 +116,7 @@ struct TilePlan {
   int64_t acc_bytes = 4;  ///< 8 for f64 storage
   int threads = 1;
   bool fused = false;     ///< backward: single pass (backward.inl)
+  int64_t key_chunks = 1; ///< backward, single pass: key runs per (batch, K/V head), dQ partials in the shared region
   ForwardScratch fwd{};
   BackwardScratch bwd{};
   int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned

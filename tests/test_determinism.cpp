@@ -44,9 +44,17 @@ Case multi_block() {
   return c;
 }
 
-// B * H_kv = 2 tasks: 1 and 2 threads take the single-pass backward, 3
+// B * H_kv = 8 tasks: 1 and 2 threads take the single-pass backward, 3
 // threads the two-pass one (tiling.cpp), which must give the same bits.
-TEST(Determinism, PlainAcrossThreadCounts) { expect_deterministic(multi_block()); }
+// With fewer tasks (multi_block's 2) every thread count cuts the keys into
+// runs (TilePlan::key_chunks).
+TEST(Determinism, PlainAcrossThreadCounts) {
+  Case c = multi_block();
+  c.heads_q = 8;
+  c.heads_kv = 4;
+  expect_deterministic(c);
+  expect_deterministic(multi_block());
+}
 
 TEST(Determinism, CausalGqaSinksDropoutBf16) {
   Case c = multi_block();
@@ -89,15 +97,21 @@ TEST(Determinism, VarlenF16) {
 // head's query blocks (PairTileCache) where each thread takes at least two
 // blocks, and the single-pass backward keeps q and dO blocks across its key
 // blocks (BackwardScratch::held_q) from 4 key blocks on. One and two threads
-// hold them in these cases, three do not (fewer blocks per thread; 2 tasks
-// on 3 threads take the two-pass backward), and the bits must not tell.
-// The batches switch the held tiles' owner; the wide case has more key tiles
-// (46 of 64 keys) than the forward's slots (39 at d = 512, dv = 320), the
-// tall one more query blocks (50 of 16 rows) than the backward's (19); the
-// last splits its keys, so that a forward task holds both K/V heads' tiles.
+// hold them in these cases, three do not (fewer query blocks per thread; 8
+// tasks on 3 threads take the two-pass backward), and the bits must not
+// tell. The batches switch the held tiles' owner; the wide case has more
+// key tiles (46 of 64 keys) than the forward's slots (39 at d = 512, dv =
+// 320), the tall one more query blocks (20 of 16 rows) than the backward's
+// (19); the last splits its keys, so that a forward task holds both K/V
+// heads' tiles.
 TEST(Determinism, PairsHeldAcrossBlocks) {
+  if (const char* isa = forced_isa_missing()) GTEST_SKIP() << "this CPU lacks " << isa;
+  if (kernels().isa != Isa::avx512bf16 && kernels().isa != Isa::amx)
+    GTEST_SKIP() << "bf16 runs on f32 tiles on this path: no pair tiles to hold";
   Case c = multi_block();
   c.dtype = DType::bf16;
+  c.heads_q = 8;
+  c.heads_kv = 4;
   c.seqlens_q = {200, 140};
   c.seqlens_k = {300, 1100};
   c.causal = true;
@@ -105,15 +119,15 @@ TEST(Determinism, PairsHeldAcrossBlocks) {
   c.causal = false;
   c.window_left = 70;
   expect_deterministic(c);
-  const auto bf16_case = [](int64_t lq, int64_t lk, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+  const auto bf16_case = [](int64_t b, int64_t lq, int64_t lk, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
     Case x;
     x.dtype = DType::bf16;
-    x.seqlen_q = lq, x.seqlen_k = lk, x.heads_q = hq, x.heads_kv = hkv, x.head_dim = d, x.head_dim_v = dv;
+    x.batch = b, x.seqlen_q = lq, x.seqlen_k = lk, x.heads_q = hq, x.heads_kv = hkv, x.head_dim = d, x.head_dim_v = dv;
     return x;
   };
-  expect_deterministic(bf16_case(32, 2900, 2, 1, 512, 320));  // wide
-  expect_deterministic(bf16_case(400, 300, 2, 1, 512, 320));  // tall
-  expect_deterministic(bf16_case(16, 2500, 64, 2, 32, 32));   // split keys
+  expect_deterministic(bf16_case(1, 32, 2900, 2, 1, 512, 320));  // wide
+  expect_deterministic(bf16_case(8, 160, 256, 2, 1, 512, 320));  // tall
+  expect_deterministic(bf16_case(1, 16, 2500, 64, 2, 32, 32));   // split keys
 }
 
 }  // namespace

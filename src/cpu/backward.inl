@@ -9,6 +9,11 @@
 // adds dS K into a dQ accumulator, 5 tile products per tile pair instead of 7.
 // Both forms add the same dS K tiles to dQ in the same key order, so their
 // results are bitwise identical and the choice may depend on the thread count.
+// A call with a single (batch, K/V head) pair (MQA at batch 1), which
+// would leave all threads but one to the two-pass form, cuts its keys into
+// TilePlan::key_chunks runs instead, one single-pass task per run with a
+// dQ partial of its own, summed in run order at the end: a choice made from
+// the shapes alone, since those sums round differently from the two forms'.
 
 // Everything the tile step needs about one query block.
 template <typename Acc>
@@ -492,23 +497,75 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
                     p.dq.dim_stride, static_cast<Acc>(p.scale));
 }
 
+// Key blocks [bounds[r], bounds[r + 1]) of key run r (TilePlan::key_chunks
+// of them): about equal shares of the (query row, key) pairs the causal or
+// window ranges leave in batch 0, so that under a causal mask the first
+// runs, whose keys meet the most rows, take fewer blocks. From the shapes
+// alone, like the runs' count.
+template <typename Acc>
+std::vector<int64_t> run_bounds(const AttnParams& p, const TilePlan& plan) {
+  const int64_t bk = plan.block_k, nkb = ceil_div(p.seqlen_k, bk), runs = plan.key_chunks;
+  std::vector<double> cum(static_cast<size_t>(nkb) + 1, 0.0);
+  const HeadCtx<Acc> ctx(p, 0, 0);
+  for (int64_t i = 0; i < ctx.lq; ++i) {
+    int64_t lo = 0, hi = 0;
+    ctx.row_range(i, lo, hi);
+    lo = std::max<int64_t>(lo, 0), hi = std::min(hi, ctx.lk - 1);
+    for (int64_t kb = lo / bk; lo <= hi && kb <= hi / bk; ++kb)
+      cum[kb + 1] += static_cast<double>(std::min(hi, (kb + 1) * bk - 1) - std::max(lo, kb * bk) + 1);
+  }
+  for (int64_t kb = 0; kb < nkb; ++kb) cum[kb + 1] += cum[kb];
+  std::vector<int64_t> bounds(static_cast<size_t>(runs) + 1, nkb);
+  bounds[0] = 0;
+  for (int64_t r = 1; r < runs; ++r) {
+    const double share = cum[nkb] > 0 ? cum[nkb] * static_cast<double>(r) / static_cast<double>(runs) : 0;
+    int64_t kb = bounds[r - 1] + 1;
+    if (cum[nkb] > 0)  // the block edge nearest the share
+      while (kb < nkb - (runs - r) && cum[kb + 1] - share < share - cum[kb]) ++kb;
+    else
+      kb = std::max(kb, r * nkb / runs);
+    bounds[r] = kb;
+  }
+  return bounds;
+}
+
 // The single pass: one task per (batch, K/V head) walks its key blocks in
 // order and keeps the group's dQ in its own f32 accumulator, so every output
-// has one owner and one summation order, whatever the thread count.
+// has one owner and one summation order, whatever the thread count. With
+// key runs (part: the run's dQ partial [group, seqlen_q, dqk_pad]) it walks
+// key blocks [kb0, kb1) into part, which dq_from_runs then sums and stores.
 template <typename T, typename Acc, typename Bwd>
 void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, const Acc* delta_all,
-                    Slice<Acc> ws, Bwd& bwd) {
+                    Slice<Acc> ws, Bwd& bwd, int64_t kb0 = 0, int64_t kb1 = -1, Acc* part = nullptr) {
   const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
-  Acc* dq_acc = ws.at(plan.bwd.dq_acc);
+  Acc* dq_acc = part ? part : ws.at(plan.bwd.dq_acc);
   for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
   std::memset(ws.at(plan.bwd.held_ready), 0, static_cast<size_t>(plan.bwd.held_slots));
-  for (int64_t kblk = 0; kblk < ceil_div(p.len_k(b), plan.block_k); ++kblk)
+  const int64_t k_end = kb1 < 0 ? ceil_div(p.len_k(b), plan.block_k) : kb1;
+  for (int64_t kblk = kb0; kblk < k_end; ++kblk)
     backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, dq_acc);
+  if (part) return;
   const int64_t q0 = p.q_start(b);
   for (int64_t g = 0; g < group; ++g)
     for (int64_t i = 0; i < p.len_q(b); ++i)
       store_result<T>(p.grad_dtype, dq_acc + (g * p.seqlen_q + i) * ldq, p.head_dim, p.dq.data,
                       row_offset(p.dq, b, q0 + i, hk * group + g), p.dq.dim_stride, static_cast<Acc>(p.scale));
+}
+
+// dQ rows [i0, i1) of (b, h): the key runs' partials ([runs, batch, heads_q,
+// seqlen_q, dqk_pad]) summed in run order, then stored.
+template <typename T, typename Acc>
+void dq_from_runs(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                  const Acc* parts, Acc* row) {
+  const int64_t ldq = plan.dqk_pad, run_stride = p.batch * p.heads_q * p.seqlen_q * ldq, q0 = p.q_start(b);
+  for (int64_t i = i0; i < i1; ++i) {
+    const Acc* src = parts + ((b * p.heads_q + h) * p.seqlen_q + i) * ldq;
+    std::copy_n(src, p.head_dim, row);
+    for (int64_t r = 1; r < plan.key_chunks; ++r)
+      for (int64_t c = 0; c < p.head_dim; ++c) row[c] += src[r * run_stride + c];
+    store_result<T>(p.grad_dtype, row, p.head_dim, p.dq.data, row_offset(p.dq, b, q0 + i, h), p.dq.dim_stride,
+                    static_cast<Acc>(p.scale));
+  }
 }
 
 template <typename T, typename Acc, typename Bwd = F32Backward<T, Acc>>
@@ -529,7 +586,23 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
     else
       compute_delta<T, T, Acc>(p, plan, b, h, task % nqb, delta, dsinks_part);
   });
-  if (plan.fused) {
+  if (plan.fused && plan.key_chunks > 1) {
+    const int64_t runs = plan.key_chunks, group = p.heads_q / p.heads_kv;
+    Acc* parts = reinterpret_cast<Acc*>(reinterpret_cast<char*>(dsinks_part) + round_up(bh * nqb * 8, kAlign));
+    const std::vector<int64_t> bounds = run_bounds<Acc>(p, plan);
+    parallel_for(p.batch * p.heads_kv * runs, plan.threads, [&](int64_t task, int thread) {
+      const int64_t run = task % runs, b = task / runs / p.heads_kv, hk = task / runs % p.heads_kv;
+      const Slice<Acc> ws{base + thread * per_thread};
+      Bwd bwd(plan, ws);
+      Acc* part = parts + (((run * p.batch + b) * p.heads_q + hk * group) * p.seqlen_q) * plan.dqk_pad;
+      backward_fused<T, Acc>(p, plan, b, hk, delta, ws, bwd, bounds[run], bounds[run + 1], part);
+    });
+    parallel_for(bh * nqb, plan.threads, [&](int64_t task, int thread) {
+      const int64_t b = task / nqb / p.heads_q, h = task / nqb % p.heads_q, i0 = task % nqb * plan.block_q;
+      dq_from_runs<T, Acc>(p, plan, b, h, i0, std::min(i0 + plan.block_q, p.len_q(b)), parts,
+                           base + thread * per_thread + plan.bwd.acc_a);
+    });
+  } else if (plan.fused) {
     parallel_for(p.batch * p.heads_kv, plan.threads, [&](int64_t task, int thread) {
       const Slice<Acc> ws{base + thread * per_thread};
       Bwd bwd(plan, ws);
