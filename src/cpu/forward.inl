@@ -1383,49 +1383,59 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // The softmax step on the S rows of K/V head hk0 + x in sx ([mq, lds]):
   // scores of keys j0.. (nj) into P, m, l and alpha updated; next: rows to
   // ask L2 for, a share per row.
+  // Rows in blocks of kLanes: each block's maxima first (into alpha), then
+  // their alphas in one vector step (step_maxima), then their exps, while
+  // the block's S rows are still in L1.
   const auto softmax_rows = [&](int64_t j0, int64_t nj, int64_t x, TileKind kind, Acc* sx, const NextTile& next) {
     Acc *mx_ = m + x * ms, *lx = l + x * ms, *ax = alpha + x * ms;
-    for (int64_t r = 0; r < mq; ++r) {
-      const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
-      const int64_t i = i0 + r % mqh;
-      Acc* srow = sx + r * lds;
-      // A row of a tile the ranges cut sees no key past hi[r]: its passes
-      // stop at the kPad block that holds it, and its P is 0 beyond.
-      const int64_t wr =
-          kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad)) : lds;
-      const int64_t nr = std::min(nj, wr);
-      c.logits_row(i, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
-      for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
-      const Acc mx = row_max(srow, wr, mx_[r]);
-      // A row with no visible key so far keeps max -inf; subtracting 0 then
-      // leaves exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
-      const Acc mref = mx == neg_inf<Acc>() ? Acc(0) : mx;
-      ax[r] = exp_acc(mx_[r] - mref);
-      mx_[r] = mx;
+    // A row of a tile the ranges cut sees no key past hi[r]: its passes
+    // stop at the kPad block that holds it, and its P is 0 beyond.
+    const auto width = [&](int64_t r) {
+      return kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad))
+                                       : lds;
+    };
+    for (int64_t r0 = 0; r0 < mq; r0 += kLanes) {
+      const int64_t r1 = std::min(mq, r0 + kLanes);
+      for (int64_t r = r0; r < r1; ++r) {
+        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
+        Acc* srow = sx + r * lds;
+        const int64_t wr = width(r), nr = std::min(nj, wr);
+        c.logits_row(i0 + r % mqh, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
+        for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
+        ax[r] = row_max(srow, wr, mx_[r]);
+      }
+      step_maxima(mx_ + r0, ax + r0, ax + r0, r1 - r0);
+      for (int64_t r = r0; r < r1; ++r) {
+        const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * plan.group + r / mqh)];
+        const int64_t i = i0 + r % mqh;
+        Acc* srow = sx + r * lds;
+        const int64_t wr = width(r);
+        const Acc mref = mx_[r] == neg_inf<Acc>() ? Acc(0) : mx_[r];
 #if FG_BF16_DOT
-      // Bf16DotTiles' P V reads P as pairs: rounded as the exp writes it
-      // unless dropout acts on P in f32 first.
-      if constexpr (kDotTiles<Tiles>) {
-        if (!c.rng.active) {
-          lx[r] = lx[r] * ax[r] + exp_row_pairs(srow, wr, mref, lds);
-        } else {
+        // Bf16DotTiles' P V reads P as pairs: rounded as the exp writes it
+        // unless dropout acts on P in f32 first.
+        if constexpr (kDotTiles<Tiles>) {
+          if (!c.rng.active) {
+            lx[r] = lx[r] * ax[r] + exp_row_pairs(srow, wr, mref, lds);
+          } else {
+            lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
+            for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
+            c.dropout_row(i, j0, nj, keep, srow);
+            round_bf16_pairs(srow, lds);
+          }
+        } else
+#endif
+        {
           lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
           for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
           c.dropout_row(i, j0, nj, keep, srow);
-          round_bf16_pairs(srow, lds);
         }
-      } else
-#endif
-      {
-        lx[r] = lx[r] * ax[r] + exp_row(srow, wr, mref);
-        for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
-        c.dropout_row(i, j0, nj, keep, srow);
+        const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
+        prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
+        prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
+        for (int64_t at = round_up(r * next.held_bytes / mq, 64); at < (r + 1) * next.held_bytes / mq; at += 64)
+          prefetch_l2(next.held + at);
       }
-      const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
-      prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
-      prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
-      for (int64_t at = round_up(r * next.held_bytes / mq, 64); at < (r + 1) * next.held_bytes / mq; at += 64)
-        prefetch_l2(next.held + at);
     }
   };
   // The tile of keys j0.. (nj of them) of K/V head hk0 + x.
