@@ -78,8 +78,14 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   // (f32, d = 128, L = 2048, 2 threads, 10 interleaved pairs: 183 -> 210
   // GFLOP/s median), causal too since the rows below the diagonal of a tile
   // it cuts skip the masking (1 thread, both builds at once, L = 2048,
-  // medians: d = 64 94.5 -> 100.3, d = 128 114.8 -> 121.3).
-  if (std::max(p.head_dim, p.head_dim_v) <= 128) t.block_q = windowed(p) ? 128 : 256;
+  // medians: d = 64 94.5 -> 100.3, d = 128 114.8 -> 121.3). bf16 pairs up to
+  // 1024 query rows take 128: twice the tasks for two threads, and from 4
+  // blocks a head the held pair tiles (bf16, 8 heads, 2 threads, Zen 4,
+  // `flashgrad ab`, 12-40 pairs, forward: d = 128 L = 512 1.04x, causal
+  // 1.03-1.08x; L = 1024 1.01x, causal 1.04-1.06x; d = 64 L = 512 1.02-1.06x,
+  // causal 0.98x; L = 1024 1.01x, causal 1.05x; L = 2048 causal even).
+  if (std::max(p.head_dim, p.head_dim_v) <= 128)
+    t.block_q = windowed(p) || (pairs && p.seqlen_q <= 1024) ? 128 : 256;
   // bf16 pairs: the products cost little beside what each key tile costs
   // per row (the softmax's row passes, O's rescale), so 256-key tiles (bf16,
   // L = 2048, 8 heads, 2 threads, forward GFLOP/s, 64 -> 256 keys, AMX: d =
