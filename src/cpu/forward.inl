@@ -43,6 +43,11 @@ void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t
   }
 }
 
+// How many rows ahead a task's Q load (bf16 pairs) and its out store ask
+// for the lines they read or write: their misses had 36% and 35% of
+// forward_task's own samples in a causal bf16 forward (L = 2048, d = 128).
+constexpr int64_t kRowsAhead = 16;
+
 // Loads the same rows transposed: dst[c * ld + r] for c < round_up(dim, kPad),
 // r < w (<= ld), zero where r >= n or c >= dim. Contiguous rows needing no padding
 // are converted and transposed in register blocks straight from their place
@@ -216,7 +221,10 @@ struct Bf16DotTiles {
   }
   static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
                      float, float* dst) {
-    for (int64_t r = 0; r < n; ++r) load_pairs(q, b, seq0 + r, h, d, ld, reinterpret_cast<uint32_t*>(dst + r * ld));
+    for (int64_t r = 0; r < n; ++r) {
+      if (r + kRowsAhead < n) prefetch_rows<bf16_t>(q, b, seq0 + r + kRowsAhead, h, 1, d);
+      load_pairs(q, b, seq0 + r, h, d, ld, reinterpret_cast<uint32_t*>(dst + r * ld));
+    }
   }
   // Rows [seq0, seq0 + n) of head h of o (dim elements each) as pairs,
   // transposed as 32-bit words: dst [round_up(dim, kPad) / 2, ld], row n of
@@ -1573,9 +1581,18 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       transpose<Acc>(p.head_dim_v, mq, ox, qt_cols, pv, ldv);  // any shape: once per task
       ox = pv;
     }
-    for (int64_t r = 0; r < mq; ++r)
+    const bool ahead = plan.splits == 1 && p.out.dim_stride == 1 && mq > kRowsAhead;
+    const int64_t esize = p.out_dtype == DType::f32 ? 4 : static_cast<int64_t>(sizeof(T)), out_bytes = p.head_dim_v * esize;
+    for (int64_t r = 0; r < mq; ++r) {
+      if (ahead && r + kRowsAhead < mq) {
+        const int64_t ra = r + kRowsAhead;
+        const char* row = static_cast<const char*>(p.out.data) +
+                          row_offset(p.out, b, p.q_start(b) + st.row(ra), st.head(ra)) * esize;
+        for (int64_t at = 0; at < out_bytes; at += 64) prefetch_w(row + at);
+      }
       finish_row<T, Acc>(p, plan, shared, b, st.head(r), st.row(r), split, m[x * ms + r], l[x * ms + r],
                          ox + r * ldv);
+    }
   }
 }
 

@@ -212,6 +212,18 @@ inline void prefetch_l2(const char* p) {
 #endif
 }
 
+// Asks for one cache line to write (prefetchw: a no-op on x86 CPUs that
+// lack it, which predate Broadwell).
+inline void prefetch_w(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetchw %0" : : "m"(*p));
+#elif defined(__GNUC__)
+  __builtin_prefetch(p, 1, 3);
+#else
+  (void)p;
+#endif
+}
+
 // Hides p's value from the optimizer, which would otherwise fold pointers
 // bumped in a loop back into one base plus the loop's index.
 inline void opaque(const float*& p) {
