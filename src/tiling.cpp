@@ -175,8 +175,14 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   // 117.0 -> 113.7): 1 thread, both builds at once, d = 64 L = 2048 121.0 ->
   // 123.5, L = 4096 131.4 -> 135.5; 2 threads, interleaved, L = 8192 d = 64
   // 256.4 -> 269.2, L = 4096 d = 128 248.2 -> 267.4.
+  // bf16 pairs from 1024 to 2048 keys take 128 (bf16, 8 heads, 2 threads,
+  // Zen 4, `flashgrad ab --pass backward`, 8-15 pairs: d = 128 L = 1024
+  // 1.02x, causal 1.06-1.07x; L = 2048 1.01x, causal 1.03-1.05x; d = 64 L
+  // = 1024 0.99x, causal 1.05x, L = 2048 1.00x; but L = 512 0.98-0.995x and
+  // L = 4096 causal 0.99x, which keep 256).
+  const bool pair_keys128 = pairs && p.seqlen_k >= 1024 && p.seqlen_k <= 2048;
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
-    t.block_k = windowed(p) ? 128 : 256;
+    t.block_k = windowed(p) || pair_keys128 ? 128 : 256;
     t.bk_pad = t.block_k;
   }
   Carver c{t.acc_bytes};
