@@ -1631,11 +1631,26 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   // see more keys, so each head's blocks go last to first and the short
   // ones even out where the threads finish.
   PairTileCache<Acc>::clear(plan, base, per_thread);
-  parallel_for(p.batch * head_runs * nqb * splits, plan.threads, [&](int64_t task, int thread) {
-    const int64_t sp = task % splits, qb = nqb - 1 - task / splits % nqb, bh = task / splits / nqb;
+  // Where threads hold pair tiles and the (batch, K/V heads, split) units
+  // even out over them, a task takes a unit's query blocks whole, so that
+  // one thread lays out each of the unit's K/V tiles once; blocks claimed
+  // in turn had every thread lay out most of them.
+  const int64_t units = p.batch * head_runs * splits;
+  const bool whole = plan.fwd.pair_slots > 0 && (units % plan.threads == 0 || units >= 4 * plan.threads);
+  const auto run = [&](int64_t unit, int64_t qb, int thread) {
+    const int64_t sp = unit % splits, bh = unit / splits;
     forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
                                 Slice<Acc>{base + thread * per_thread}, shared);
-  });
+  };
+  if (whole) {
+    parallel_for(units, plan.threads, [&](int64_t unit, int thread) {
+      for (int64_t qb = nqb - 1; qb >= 0; --qb) run(unit, qb, thread);
+    });
+  } else {
+    parallel_for(units * nqb, plan.threads, [&](int64_t task, int thread) {
+      run(task / splits / nqb * splits + task % splits, nqb - 1 - task / splits % nqb, thread);
+    });
+  }
   if (splits == 1) return;
   parallel_for(p.batch * p.heads_q, plan.threads, [&](int64_t task, int thread) {
     merge_splits<T, Acc>(p, plan, task / p.heads_q, task % p.heads_q, Slice<Acc>{base + thread * per_thread}, shared);
