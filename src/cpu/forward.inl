@@ -1631,12 +1631,14 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   // see more keys, so each head's blocks go last to first and the short
   // ones even out where the threads finish.
   PairTileCache<Acc>::clear(plan, base, per_thread);
-  // Where threads hold pair tiles and the (batch, K/V heads, split) units
-  // even out over them, a task takes a unit's query blocks whole, so that
-  // one thread lays out each of the unit's K/V tiles once; blocks claimed
-  // in turn had every thread lay out most of them.
+  // Where threads hold pair tiles and the (batch, K/V heads, split) units,
+  // all of one size, divide evenly among them, a task takes a unit's query
+  // blocks whole, so that one thread lays out each of the unit's K/V tiles
+  // once; blocks claimed in turn had every thread lay out most of them.
+  // Units of other counts or sizes keep the blocks, which even out where
+  // whole units would leave a thread one unit behind.
   const int64_t units = p.batch * head_runs * splits;
-  const bool whole = plan.fwd.pair_slots > 0 && (units % plan.threads == 0 || units >= 4 * plan.threads);
+  const bool whole = plan.fwd.pair_slots > 0 && units % plan.threads == 0 && !p.cu_seqlens_q && !p.cu_seqlens_k;
   const auto run = [&](int64_t unit, int64_t qb, int thread) {
     const int64_t sp = unit % splits, bh = unit / splits;
     forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
