@@ -1582,7 +1582,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
       ox = pv;
     }
     const bool ahead = plan.splits == 1 && p.out.dim_stride == 1 && mq > kRowsAhead;
-    const int64_t esize = p.out_dtype == DType::f32 ? 4 : static_cast<int64_t>(sizeof(T)), out_bytes = p.head_dim_v * esize;
+    const int64_t esize = p.out_dtype == DType::f32 ? 4 : static_cast<int64_t>(sizeof(T));
+    const int64_t out_bytes = p.head_dim_v * esize;
     for (int64_t r = 0; r < mq; ++r) {
       if (ahead && r + kRowsAhead < mq) {
         const int64_t ra = r + kRowsAhead;
