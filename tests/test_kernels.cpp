@@ -736,5 +736,28 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
   expect_pass_on({Isa::avx512bf16}, c);
 }
 
+// The dot products' narrow tiles take up to 64 keys, their S^T in blocks
+// of 16 (forward.inl, narrow_dot_products): key counts that end a tile
+// inside a block, on an odd key, or one key past a tile. 8 query rows over
+// two query heads per K/V head stack to 16; the logits of order 1, so that
+// one key lost or counted twice shows. Each head's rows contiguous, so
+// that the call runs on the dot products (dot_call).
+TEST_P(Bf16DotProducts, NarrowTilesTakeAnyKeyCount) {
+  for (int64_t lk : {1, 15, 17, 33, 64, 65, 127, 150})
+    for (int64_t d : {40, 128}) {
+      Case c = base(DType::bf16);
+      c.seqlen_q = 8;
+      c.seqlen_k = lk;
+      c.layout = Layout::bhsd;
+      c.head_dim = d;
+      c.head_dim_v = d == 40 ? 24 : 128;
+      c.name = "dot_narrow_lk" + std::to_string(lk) + "_d" + std::to_string(d);
+      const Problem p = make_problem(c);
+      ASSERT_TRUE(dot_call(make_params("test_kernels", CallKind::workspace, p.opts,
+                                       CallTensors{&p.q.view, &p.k.view, &p.v.view})));
+      expect_pass_on({Isa::avx512bf16}, c);
+    }
+}
+
 }  // namespace
 }  // namespace flashgrad::testing

@@ -492,6 +492,19 @@ constexpr int64_t kKeysMajorRows = 32;
 // another series 8 keys 17.1 against 17.7 for 16).
 constexpr int64_t kNarrowKeys = 16;
 
+// Keys per narrow tile on bf16 dot products (narrow_dot_products): S^T in
+// 16-key blocks, then one softmax step and one O^T update for all of them.
+// 16 keys spent a third of the P V product's time loading, rescaling and
+// storing O^T (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
+// `flashgrad ab`, 20-60 pairs, 16 -> 64 keys: Lk = 4096 1.07x, 16k 1.06x,
+// 64k 1.05x; [b, h, s, d] 1.06x; d = 64 1.14x; Lq = 8 1.04x; 24 rows
+// even; GQA 32/8, Lq = 4, 1.02x). 32 and 128 keys measured within 3% of
+// 64. The blocks ask for the next tile's rows (kNarrowDotAhead keys on):
+// 32 keys on, into the tile itself, left the V rows of its second half
+// waiting (Lk = 4096 1.00x against 16 keys); 128 on, 0.97x at 64k.
+constexpr int64_t kNarrowDotKeys = 64;
+constexpr int64_t kNarrowDotAhead = 64;
+
 // Keys per narrow tile of w query rows (mq rounded up to kLanes): two
 // vectors of rows or more step kNarrowWideKeys at a time (per ISA in
 // vec_<isa>.inl), fewer rows kNarrowKeys.
@@ -983,8 +996,8 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 
 #if FG_BF16_DOT
 // The lines of K or V (o, dim elements a row) that head x of a task's nh
-// K/V heads (from hk - x) asks L2 for during its 16-key tile from seq0:
-// those of the tile kNarrowAheadKeys on. Where the task's heads lie side by
+// K/V heads (from hk - x) asks L2 for during its 16-key block from seq0:
+// those of the block kNarrowDotAhead on. Where the task's heads lie side by
 // side in each row ([batch, seq, heads, dim]), head x takes rows x * 16 /
 // nh.. of that tile whole, across every head, so that the heads together
 // ask for it in memory order; a head's own rows alone, short pieces a row
@@ -996,9 +1009,9 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t dim, int64_t b, int64_t seq0,
                                 int64_t hk, int64_t x, int64_t nh) {
   const int64_t row_bytes = o.seq_stride * 2, span = dim * 2;
-  if (seq0 + kNarrowAheadKeys + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0) return LineWalk{};
+  if (seq0 + kNarrowDotAhead + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0) return LineWalk{};
   const auto* base = static_cast<const char*>(o.data);
-  const int64_t ahead = seq0 + kNarrowAheadKeys;
+  const int64_t ahead = seq0 + kNarrowDotAhead;
   if (nh > 1 && o.head_stride == dim) {
     const int64_t r0 = x * 16 / nh, r1 = (x + 1) * 16 / nh;
     return LineWalk(base + row_offset(o, b, ahead + r0, hk - x) * 2, r1 - r0, nh * span, row_bytes);
@@ -1008,12 +1021,13 @@ inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t d
 }
 
 // A narrow tile of bf16 on AVX512_BF16 dot products, w <= 32 query rows:
-//   S^T [nj <= 16, w] = scale * K Q^T   K's rows as pairs transposed into kt
+//   S^T [nj <= 64, w] = scale * K Q^T   16 keys at a time, K's rows as pairs
+//                                       transposed into kt
 //                                       (load_pairs_keys16), qtp = Q^T as
 //                                       pairs [dqk_pad / 2, w]
 //   O^T [dv_pad, w] = O^T * alpha + V^T P^T   V's pair rows in vp
 //                                       (interleave_bf16_rows), P^T's pairs
-//                                       [8, w] in ptp (interleave_f32_rows)
+//                                       [nj / 2, w] in ptp (interleave_f32_rows)
 // with narrow_softmax between. S^T's sums are gemm_bf16's, so every score
 // is the row path's and the backward's (PairBackward<DotProducts>) bit for
 // bit; P is rounded to bf16 as the row path's is.
@@ -1023,16 +1037,18 @@ void narrow_dot_products(const AttnParams& p, const TilePlan& plan, int64_t b, i
                          float* st, float* m, float* l, float* alpha, float* ot, const float* lo, const float* hi,
                          const ScoreCols<float>& sc, int64_t j0) {
   constexpr int64_t W = Nv * kLanes;
-  FG_DASSERT(nj <= 16 && p.k.dim_stride == 1 && p.v.dim_stride == 1);
+  FG_DASSERT(nj <= kNarrowDotKeys && p.k.dim_stride == 1 && p.v.dim_stride == 1);
   const auto* kr = static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk);
-  load_pairs_keys16(kr, p.k.seq_stride, nj, p.head_dim, kt);
-  LineWalk wk = narrow_dot_walk(p, p.k, p.head_dim, b, seq0, hk, x, nh);
-  LineWalk wv = narrow_dot_walk(p, p.v, p.head_dim_v, b, seq0, hk, x, nh);
-  gemm_bf16_keys16<Nv>((p.head_dim + 1) / 2, kt, qtp, W, st, W, static_cast<float>(p.scale), wk, wv);
-  wk.rest();
-  wv.rest();
+  for (int64_t u = 0; u < nj; u += 16) {
+    load_pairs_keys16(kr + u * p.k.seq_stride, p.k.seq_stride, std::min<int64_t>(16, nj - u), p.head_dim, kt);
+    LineWalk wk = narrow_dot_walk(p, p.k, p.head_dim, b, seq0 + u, hk, x, nh);
+    LineWalk wv = narrow_dot_walk(p, p.v, p.head_dim_v, b, seq0 + u, hk, x, nh);
+    gemm_bf16_keys16<Nv>((p.head_dim + 1) / 2, kt, qtp, W, st + u * W, W, static_cast<float>(p.scale), wk, wv);
+    wk.rest();
+    wv.rest();
+  }
   narrow_softmax<Nv>(p, nj, st, m, l, alpha, lo, hi, sc, j0);
-  constexpr int64_t kp = 8;  // key pairs of a 16-key tile; P^T is 0 past key nj
+  const int64_t kp = round_up(nj, int64_t{16}) / 2;  // P^T is 0 past key nj
   for (int64_t u = 0; u < kp; ++u) {
     if (2 * u >= nj) {
       std::memset(ptp + u * W, 0, W * 4);
@@ -1384,7 +1400,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const auto every_row_sees = [&](int64_t j0, int64_t nj) {
     return !p.mask.data && lo_max <= j0 && hi_min >= j0 + nj - 1;
   };
-  const int64_t bk = narrow ? std::min(narrow_keys(qt_cols), plan.block_k) : plan.block_k;
+  const int64_t narrow_bk = kDotTiles<Tiles> ? kNarrowDotKeys : narrow_keys(qt_cols);
+  const int64_t bk = narrow ? std::min(narrow_bk, plan.block_k) : plan.block_k;
   const auto tile_kind = [&](int64_t j0, int64_t nj) {
     return every_row_sees(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
   };
