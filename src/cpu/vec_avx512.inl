@@ -185,7 +185,23 @@ inline void load_bf16_pairs(const uint16_t* src, int64_t n, int64_t npairs, uint
 // n <= c < pad (a multiple of 16): two rows interleaved into the pair layout
 // of the B operand, whose pairs run down the k index.
 inline void interleave_bf16_rows(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t pad, uint32_t* dst) {
-  for (int64_t c = 0; c < pad; c += 16) {
+  // 32 columns at a time: each row's quarters spread so that the in-lane
+  // word unpacks leave the pairs in column order. Against 16 columns of
+  // widened words: half the loads and shuffles (bf16, Lq = 16, d = 128, 8
+  // heads, 2 threads, Zen 4, `flashgrad ab`, 20-40 pairs: Lk = 4096
+  // 1.03x, 64k 1.09x; L = 2048 forward even, backward 1.01x).
+  const __m512i spread = _mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0);
+  int64_t c = 0;
+  for (; c + 32 <= pad && c < n; c += 32) {
+    const int64_t left = n - c;
+    const __mmask32 k = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+    const __m512i first = _mm512_permutexvar_epi64(spread, _mm512_maskz_loadu_epi16(k, r0 + c));
+    const __m512i second =
+        r1 ? _mm512_permutexvar_epi64(spread, _mm512_maskz_loadu_epi16(k, r1 + c)) : _mm512_setzero_si512();
+    _mm512_storeu_si512(dst + c, _mm512_unpacklo_epi16(second, first));
+    _mm512_storeu_si512(dst + c + 16, _mm512_unpackhi_epi16(second, first));
+  }
+  for (; c < pad; c += 16) {
     const int64_t left = n - c;
     if (left <= 0) {
       _mm512_storeu_si512(dst + c, _mm512_setzero_si512());
