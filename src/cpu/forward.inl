@@ -482,14 +482,16 @@ constexpr int64_t kKeysMajorRows = 32;
 // 1.14x).
 //
 // Narrow tiles (of one vector of rows; wider ones: narrow_keys) step
-// through the keys 16 at a time, every K/V head in turn, so each 4 KiB
-// page of a [batch, seq, heads, dim] K or V is read through soon after it
-// is started: the hardware prefetchers follow that, where 64
+// through the keys kNarrowKeys at a time where the ISA sets no count of its
+// own (kNarrowVecKeys, vec_<isa>.inl), every K/V head in turn, so each
+// 4 KiB page of a [batch, seq, heads, dim] K or V is read through soon
+// after it is started: the hardware prefetchers follow that, where 64
 // keys (with or without the next tile prefetched in software) left the reads
 // waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
 // interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
 // (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
-// another series 8 keys 17.1 against 17.7 for 16).
+// another series 8 keys 17.1 against 17.7 for 16). Those were AVX-512
+// numbers on an Intel host, before the products asked for the next tile.
 constexpr int64_t kNarrowKeys = 16;
 
 // Keys per narrow tile on bf16 dot products (narrow_dot_products): S^T in
@@ -506,11 +508,11 @@ constexpr int64_t kNarrowDotKeys = 64;
 constexpr int64_t kNarrowDotAhead = 64;
 
 // Keys per narrow tile of w query rows (mq rounded up to kLanes): two
-// vectors of rows or more step kNarrowWideKeys at a time (per ISA in
-// vec_<isa>.inl), fewer rows kNarrowKeys.
+// vectors of rows or more step kNarrowWideKeys at a time, one vector
+// kNarrowVecKeys (both per ISA in vec_<isa>.inl).
 inline int64_t narrow_keys(int64_t w) {
 #if FG_VEC_GEMM
-  return w >= 2 * kLanes ? kNarrowWideKeys : kNarrowKeys;
+  return w >= 2 * kLanes ? kNarrowWideKeys : kNarrowVecKeys;
 #else
   (void)w;
   return kNarrowKeys;

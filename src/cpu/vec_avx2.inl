@@ -51,6 +51,7 @@ constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to fou
 // 64 keys 0.91-0.98x, so those keep 16; 64 keys at 16 rows: 1.07-1.13x
 // from Lk = 16k but 0.96x at 4096.
 constexpr int64_t kNarrowWideKeys = 32;
+constexpr int64_t kNarrowVecKeys = 16;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: a pair's word and halves beside 6 rows' 12 accumulators and two
 // steps of B spilled, so two vectors take 4 rows. One vector takes 8, eight

@@ -35,7 +35,15 @@ constexpr bool kNarrowPrefetchNext = true;
 constexpr int64_t kHeadsAheadKeys = 0;
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
-constexpr int64_t kNarrowWideKeys = 16;  // keys per narrow tile of two vectors of rows (vec_avx2.inl): not measured here
+// Keys per narrow tile of one vector of rows and of two (forward.inl,
+// narrow_keys): 64 against 16, where each block of O^T's rows loaded,
+// rescaled and stored its accumulators once per 16 keys (Zen 4, d = 128, 8
+// heads, 2 threads, `flashgrad ab`, 16-20 pairs, forward: f32 Lq = 16, Lk
+// = 4096 / 64k 1.05x / 1.05x, [B, H, L, d] 1.07x, d = 64 1.10x, Lq = 8
+// 1.05x, GQA 32/8 at Lq = 4 1.06x; bf16 without dot products 1.09x; two
+// vectors, Lq = 24 / 31, 1.05-1.08x). 32 keys at Lq = 16: 0.96-0.98x of 64.
+constexpr int64_t kNarrowVecKeys = 64;
+constexpr int64_t kNarrowWideKeys = 64;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: as many as the f32 blocks' accumulators. The 4 rows that AVX2's
 // registers allow left one vector four FMA chains for two pipes of 4-cycle
