@@ -998,10 +998,14 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 
 #if FG_BF16_DOT
 // The lines of K or V (o, dim elements a row) that head x of a task's nh
-// K/V heads (from hk - x) asks L2 for during its 16-key block from seq0:
-// those of the block kNarrowDotAhead on. Where the task's heads lie side by
-// side in each row ([batch, seq, heads, dim]), head x takes rows x * 16 /
-// nh.. of that tile whole, across every head, so that the heads together
+// K/V heads (from hk - x) asks L2 for during its block of `keys` keys from
+// seq0: those of the block kNarrowDotAhead on. K's are asked for during
+// each 16-key block's S^T, V's during the tile's P V: during S^T alone
+// they came in bursts (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
+// `flashgrad ab`, 16-20 pairs: [B, H, L, d] 1.10x, [B, L, H, d] 0.99-1.03x).
+// Where the task's heads lie side by
+// side in each row ([batch, seq, heads, dim]), head x takes rows x * keys /
+// nh.. of that block whole, across every head, so that the heads together
 // ask for it in memory order; a head's own rows alone, short pieces a row
 // apart, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
 // 64k, 2 threads, `flashgrad ab` against the f32 narrow tiles, 9 pairs:
@@ -1009,17 +1013,17 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 // rows a page apart: none asked for 0.90x, whole rows 1.45x). A head's own
 // rows otherwise, where they lie closer than a page apart (narrow_ahead).
 inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t dim, int64_t b, int64_t seq0,
-                                int64_t hk, int64_t x, int64_t nh) {
+                                int64_t hk, int64_t x, int64_t nh, int64_t keys) {
   const int64_t row_bytes = o.seq_stride * 2, span = dim * 2;
-  if (seq0 + kNarrowDotAhead + 16 > p.k_start(b) + p.len_k(b) || span % 64 != 0) return LineWalk{};
+  if (seq0 + kNarrowDotAhead + keys > p.k_start(b) + p.len_k(b) || span % 64 != 0) return LineWalk{};
   const auto* base = static_cast<const char*>(o.data);
   const int64_t ahead = seq0 + kNarrowDotAhead;
   if (nh > 1 && o.head_stride == dim) {
-    const int64_t r0 = x * 16 / nh, r1 = (x + 1) * 16 / nh;
+    const int64_t r0 = x * keys / nh, r1 = (x + 1) * keys / nh;
     return LineWalk(base + row_offset(o, b, ahead + r0, hk - x) * 2, r1 - r0, nh * span, row_bytes);
   }
   if (row_bytes >= kPageBytes) return LineWalk{};
-  return LineWalk(base + row_offset(o, b, ahead, hk) * 2, 16, span, row_bytes);
+  return LineWalk(base + row_offset(o, b, ahead, hk) * 2, keys, span, row_bytes);
 }
 
 // A narrow tile of bf16 on AVX512_BF16 dot products, w <= 32 query rows:
@@ -1043,11 +1047,9 @@ void narrow_dot_products(const AttnParams& p, const TilePlan& plan, int64_t b, i
   const auto* kr = static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk);
   for (int64_t u = 0; u < nj; u += 16) {
     load_pairs_keys16(kr + u * p.k.seq_stride, p.k.seq_stride, std::min<int64_t>(16, nj - u), p.head_dim, kt);
-    LineWalk wk = narrow_dot_walk(p, p.k, p.head_dim, b, seq0 + u, hk, x, nh);
-    LineWalk wv = narrow_dot_walk(p, p.v, p.head_dim_v, b, seq0 + u, hk, x, nh);
-    gemm_bf16_keys16<Nv>((p.head_dim + 1) / 2, kt, qtp, W, st + u * W, W, static_cast<float>(p.scale), wk, wv);
+    LineWalk wk = narrow_dot_walk(p, p.k, p.head_dim, b, seq0 + u, hk, x, nh, 16), none;
+    gemm_bf16_keys16<Nv>((p.head_dim + 1) / 2, kt, qtp, W, st + u * W, W, static_cast<float>(p.scale), wk, none);
     wk.rest();
-    wv.rest();
   }
   narrow_softmax<Nv>(p, nj, st, m, l, alpha, lo, hi, sc, j0);
   const int64_t kp = round_up(nj, int64_t{16}) / 2;  // P^T is 0 past key nj
@@ -1059,7 +1061,9 @@ void narrow_dot_products(const AttnParams& p, const TilePlan& plan, int64_t b, i
     interleave_f32_rows(st + 2 * u * W, 2 * u + 1 < nj ? st + (2 * u + 1) * W : nullptr, W, ptp + u * W);
   }
   Bf16DotTiles::load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, kp, plan.dv_pad, vp);
-  gemm_bf16_cols<Nv>(plan.dv_pad, kp, vp, plan.dv_pad, ptp, ot, W, alpha);
+  LineWalk wv = narrow_dot_walk(p, p.v, p.head_dim_v, b, seq0, hk, x, nh, nj);
+  gemm_bf16_cols<Nv>(plan.dv_pad, kp, vp, plan.dv_pad, ptp, ot, W, alpha, &wv);
+  wv.rest();
 }
 
 inline void narrow_dot_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk,

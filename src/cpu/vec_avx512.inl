@@ -452,7 +452,7 @@ inline void gemm_bf16_keys16(int64_t kp, const uint32_t* kt, const uint32_t* qt,
 // sum from zero in pair order, then added with one rounding.
 template <int Nv>
 inline void gemm_bf16_cols(int64_t m, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c,
-                           int64_t ldc, const float* alpha) {
+                           int64_t ldc, const float* alpha, LineWalk* walk = nullptr) {
   constexpr int Mr = 16 / Nv;
   __m512 al[Nv];
 #pragma GCC unroll 2
@@ -464,6 +464,7 @@ inline void gemm_bf16_cols(int64_t m, int64_t kp, const uint32_t* a, int64_t lda
 #pragma GCC unroll 2
       for (int v = 0; v < Nv; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kp; ++p) {
+      if (walk) walk->step();
       __m512bh bv[Nv];
 #pragma GCC unroll 2
       for (int v = 0; v < Nv; ++v) bv[v] = as_pairs(_mm512_loadu_si512(b + p * 16 * Nv + 16 * v));
