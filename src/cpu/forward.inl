@@ -482,11 +482,12 @@ constexpr int64_t kKeysMajorRows = 32;
 // 1.14x).
 //
 // Narrow tiles (of one vector of rows; wider ones: narrow_keys) step
-// through the keys kNarrowKeys at a time where the ISA sets no count of its
-// own (kNarrowVecKeys, vec_<isa>.inl), every K/V head in turn, so each
-// 4 KiB page of a [batch, seq, heads, dim] K or V is read through soon
-// after it is started: the hardware prefetchers follow that, where 64
-// keys (with or without the next tile prefetched in software) left the reads
+// through the keys kNarrowVecKeys at a time (per ISA, vec_<isa>.inl;
+// kNarrowKeys on the portable path, which runs none), every K/V head in
+// turn. 16 keys read each 4 KiB page of a [batch, seq, heads, dim] K or V
+// through soon after it was started: the hardware prefetchers follow
+// that, where 64 keys (with or without the next tile prefetched in
+// software) left the reads
 // waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
 // interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
 // (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
@@ -1003,9 +1004,9 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 // each 16-key block's S^T, V's during the tile's P V: during S^T alone
 // they came in bursts (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
 // `flashgrad ab`, 16-20 pairs: [B, H, L, d] 1.10x, [B, L, H, d] 0.99-1.03x).
-// Where the task's heads lie side by
-// side in each row ([batch, seq, heads, dim]), head x takes rows x * keys /
-// nh.. of that block whole, across every head, so that the heads together
+// Where the task's heads lie side by side in each row ([batch, seq, heads,
+// dim]), head x takes rows x * keys / nh.. of that block whole, across
+// every head, so that the heads together
 // ask for it in memory order; a head's own rows alone, short pieces a row
 // apart, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
 // 64k, 2 threads, `flashgrad ab` against the f32 narrow tiles, 9 pairs:
