@@ -61,10 +61,6 @@ _RETURN = """\
         of flashgrad's library naming the argument, what was expected and what was given."""
 
 
-def _identity(x):
-    return x
-
-
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -76,7 +72,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     layout = "(batch_size, seqlen, nheads, headdim)"
     for arg, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(fn, arg, x, 4, layout)
-    return attend(fn, (q, k, v), _identity, _identity, (None, None, None), dropout_p=dropout_p,
+    return attend(fn, (q, k, v), "bshd", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   return_attn_probs=return_attn_probs)
@@ -113,16 +109,6 @@ flash_attn_func.__doc__ = f"""dropout_p should be set to 0.0 during evaluation
     """
 
 
-def _qkv_unpack(t):
-    (qkv,) = t
-    return qkv.select(-3, 0), qkv.select(-3, 1), qkv.select(-3, 2)
-
-
-def _kv_unpack(t):
-    q, kv = t
-    return q, kv.select(-3, 0), kv.select(-3, 1)
-
-
 def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
                               softmax_scale: Optional[float] = None, causal: bool = False,
                               window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -133,7 +119,7 @@ def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
     fn = "flash_attn_qkvpacked_func"
     check_tensor(fn, "qkv", qkv, 5, "(batch_size, seqlen, 3, nheads, headdim)")
     check_packed(fn, "qkv", qkv, -3, 3)
-    return attend(fn, (qkv,), _qkv_unpack, _identity, (-3,), dropout_p=dropout_p,
+    return attend(fn, (qkv,), "qkv", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   return_attn_probs=return_attn_probs)
@@ -165,7 +151,7 @@ def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float
     check_tensor(fn, "q", q, 4, "(batch_size, seqlen, nheads, headdim)")
     check_tensor(fn, "kv", kv, 5, "(batch_size, seqlen, 2, nheads_k, headdim)")
     check_packed(fn, "kv", kv, -3, 2)
-    return attend(fn, (q, kv), _kv_unpack, _identity, (None, -3), dropout_p=dropout_p,
+    return attend(fn, (q, kv), "kv", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   return_attn_probs=return_attn_probs)
@@ -201,7 +187,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     fn = "flash_attn_varlen_func"
     for arg, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(fn, arg, x, 3, "(total, nheads, headdim)")
-    return attend(fn, (q, k, v), _identity, _identity, (None, None, None), dropout_p=dropout_p,
+    return attend(fn, (q, k, v), "bshd", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
@@ -244,7 +230,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor
     fn = "flash_attn_varlen_qkvpacked_func"
     check_tensor(fn, "qkv", qkv, 4, "(total, 3, nheads, headdim)")
     check_packed(fn, "qkv", qkv, -3, 3)
-    return attend(fn, (qkv,), _qkv_unpack, _identity, (-3,), dropout_p=dropout_p,
+    return attend(fn, (qkv,), "qkv", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   varlen=(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen),
@@ -279,7 +265,7 @@ def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, cu_seqlen
     check_tensor(fn, "q", q, 3, "(total_q, nheads, headdim)")
     check_tensor(fn, "kv", kv, 4, "(total_k, 2, nheads_k, headdim)")
     check_packed(fn, "kv", kv, -3, 2)
-    return attend(fn, (q, kv), _kv_unpack, _identity, (None, -3), dropout_p=dropout_p,
+    return attend(fn, (q, kv), "kv", dropout_p=dropout_p,
                   softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                   alibi_slopes=alibi_slopes, attn_bias=attn_bias, attn_mask=attn_mask, sinks=sinks,
                   varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),

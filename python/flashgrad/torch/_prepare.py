@@ -6,8 +6,14 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from . import _autograd
-from ._autograd import FlashAttention, Spec
+from . import _autograd, _spec
+from ._autograd import FlashAttention
+from ._spec import spec_from_args
+
+# torch >= 2.4 runs flashgrad as custom ops (traceable by torch.compile and torch.export).
+_ops = None
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd"):
+    from . import _ops
 
 _FLOAT = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -43,19 +49,14 @@ def _to_4d(fn: str, arg: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_bias(fn: str, arg: str, bias, full: Sequence[int], varlen_max: Optional[Tuple[int, int]]):
-    """bias -> (4-D differentiable view of the caller's tensor (no copy), the shape its gradient
-    takes in the library: the library's dbias cannot broadcast over seqlen, so those dims are
-    full there and FlashAttention.backward sums them back)."""
+    """bias -> a 4-D differentiable view of the caller's tensor (no copy)."""
     if bias is None:
-        return None, None
+        return None
     check_tensor(fn, arg, bias)
     if bias.dtype not in _FLOAT:
         fail(fn, arg, "a floating dtype (float32, float64, bfloat16, float16)", f"dtype {bias.dtype}",
              type_error=True)
-    b = _fit_varlen(_to_4d(fn, arg, bias), full, varlen_max)
-    grad_shape = (b.shape[0], b.shape[1], full[2] if b.shape[2] == 1 else b.shape[2],
-                  full[3] if b.shape[3] == 1 else b.shape[3])
-    return b, grad_shape
+    return _fit_varlen(_to_4d(fn, arg, bias), full, varlen_max)
 
 
 def prepare_mask(fn: str, arg: str, mask, full: Sequence[int], varlen_max: Optional[Tuple[int, int]]):
@@ -134,20 +135,22 @@ def varlen_info(fn: str, cu_q, cu_k, max_q, max_k):
     return cu_q.numel() - 1, lq, lk
 
 
-def attend(fn: str, inputs, unpack, to_lib, pack_dims, *, dropout_p, softmax_scale, causal, window_size,
-           softcap, alibi_slopes, attn_bias, attn_mask, sinks, varlen=None, return_attn_probs=False,
+def attend(fn: str, inputs, layout: str, *, dropout_p, softmax_scale, causal, window_size, softcap,
+           alibi_slopes, attn_bias, attn_mask, sinks, varlen=None, return_attn_probs=False,
            key_limit=None):
-    """Checks the options, prepares bias/mask/sinks, runs FlashAttention.
+    """Checks the options, prepares bias/mask/sinks, runs the forward with flashgrad's backward
+    as its gradient: the custom op on torch >= 2.4, FlashAttention on older torch.
 
-    varlen: None or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k).
-    Returns out, or (out, softmax_lse float32, S_dmask or None) when return_attn_probs.
+    layout: a layout name of _spec.py. varlen: None or (cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k). Returns out, or (out, softmax_lse float32, S_dmask or None)
+    when return_attn_probs.
     """
     dropout_p = check_float(fn, "dropout_p", dropout_p)
     softcap = check_float(fn, "softcap", softcap)
     scale = check_scale(fn, "softmax_scale", softmax_scale)
     left, right = check_window(fn, window_size)
-    det = [x.detach() for x in inputs]
-    q, k, _ = (to_lib(x) for x in unpack(det))
+    unpack, to_lib = _spec.LAYOUTS[layout][:2]
+    q, k, _ = (to_lib(x) for x in unpack(inputs))
     for arg, x in (("q", q), ("k", k)):
         if x.dtype not in _FLOAT:
             fail(fn, arg, "dtype float32, float64, bfloat16 or float16", f"dtype {x.dtype}", type_error=True)
@@ -166,26 +169,30 @@ def attend(fn: str, inputs, unpack, to_lib, pack_dims, *, dropout_p, softmax_sca
         check_tensor(fn, "sinks", sinks)
         if sinks.dtype not in _FLOAT:
             fail(fn, "sinks", "a floating dtype (float32 preferred)", f"dtype {sinks.dtype}", type_error=True)
-    bias, bias_grad_shape = prepare_bias(fn, "attn_bias", attn_bias, full, vmax)
+    bias = prepare_bias(fn, "attn_bias", attn_bias, full, vmax)
     mask = prepare_mask(fn, "attn_mask", attn_mask, full, vmax)
-    seed, offset = _autograd.dropout_seed_offset() if dropout_p > 0 else (0, 0)
-    opts = {
+    args = {
+        "alibi_slopes": None if alibi_slopes is None else alibi_slopes.detach(), "mask": mask,
+        "cu_seqlens_q": None if varlen is None else varlen[0],
+        "cu_seqlens_k": None if varlen is None else varlen[1],
+        "rng": _autograd.dropout_rng() if dropout_p > 0 else None,
+        "layout": layout, "key_limit": -1 if key_limit is None else key_limit,
         "softmax_scale": scale, "causal": bool(causal), "window_left": left, "window_right": right,
-        "softcap": softcap, "alibi_slopes": None if alibi_slopes is None else alibi_slopes.detach(),
-        "mask": mask, "dropout_p": dropout_p, "seed": seed, "offset": offset,
-        "num_threads": _autograd.get_num_threads(),
+        "softcap": softcap, "dropout_p": dropout_p, "num_threads": _autograd.get_num_threads(),
     }
-    if varlen is not None:
-        opts["cu_seqlens_q"], opts["cu_seqlens_k"] = varlen[0], varlen[1]
-    spec = Spec(fn, opts, unpack, to_lib, pack_dims, key_limit, bias_grad_shape)
-    out, lse = FlashAttention.apply(spec, bias, sinks, *inputs)
+    if _ops is not None:
+        out, lse = _ops.call(args, inputs, bias, sinks)
+    else:
+        out, lse = FlashAttention.apply(spec_from_args(fn, args), bias, sinks, *inputs)
     if not return_attn_probs:
         return out
     s_dmask = None
     if dropout_p > 0:
+        spec = spec_from_args(fn, args)
         probs = _autograd.attention_probs(spec, inputs, bias, sinks, batch, max_q, max_k)
         keep = torch.empty(probs.shape, dtype=torch.uint8)
-        _autograd._ext.dropout_keep_mask({"dropout_p": dropout_p, "seed": seed, "offset": offset},
+        _autograd._ext.dropout_keep_mask({name: spec.opts[name] for name in ("dropout_p", "seed", "offset")},
                                          batch, probs.shape[1], max_q, max_k, keep)
         s_dmask = torch.where(keep.bool(), probs, -probs)
     return out, lse.float(), s_dmask
+

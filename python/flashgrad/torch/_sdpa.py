@@ -10,18 +10,6 @@ from ._prepare import attend, check_tensor, fail
 __all__ = ["scaled_dot_product_attention"]
 
 
-def _unpack(t):
-    return tuple(t)
-
-
-def _bhsd_to_lib(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2)  # (N, H, L, E) -> (N, L, H, E), a view
-
-
-def _nse_to_lib(x: torch.Tensor) -> torch.Tensor:
-    return x.unsqueeze(2)  # (N, L, E) -> (N, L, 1, E), a view
-
-
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
@@ -98,7 +86,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if query.dim() == 4 and query.shape[1] != key.shape[1] and not enable_gqa:
         fail(fn, "key", f"{query.shape[1]} heads like query (or enable_gqa=True)",
              f"shape {list(key.shape)}")
-    to_lib = _bhsd_to_lib if query.dim() == 4 else _nse_to_lib
+    layout_name = "bhsd" if query.dim() == 4 else "nse"
     seqlen_q, seqlen_k = query.shape[-2], key.shape[-2]
     causal, window, key_limit = False, (-1, -1), None
     if is_causal:
@@ -129,6 +117,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             bias = m
         else:
             fail(fn, "attn_mask", "dtype torch.bool or a floating dtype", f"dtype {m.dtype}", type_error=True)
-    return attend(fn, (query, key, value), _unpack, to_lib, (None, None, None), dropout_p=dropout_p,
+    return attend(fn, (query, key, value), layout_name, dropout_p=dropout_p,
                   softmax_scale=scale, causal=causal, window_size=window, softcap=0.0, alibi_slopes=None,
                   attn_bias=bias, attn_mask=mask, sinks=None, key_limit=key_limit)
