@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config libgtest-dev libbenchmark-dev libdlpack-dev
           libopenblas-dev python3-matplotlib python3-numpy
-          python3-dev pybind11-dev python3-torch python3-pytest
+          python3-dev python3-venv pybind11-dev python3-torch python3-pytest
           libdnnl-dev libjemalloc2 libopenmpi-dev openmpi-bin python3-mpi4py libblis-dev)
 # The roofline's small-GEMM comparison; Debian builds libxsmm for amd64 only.
 # scripts/cross_arm64.sh: the portable path built for aarch64, its tests under qemu-user.

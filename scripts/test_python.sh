@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The Python package as a pip user gets it: `pip install .` into the venv
+# (scripts/venv.sh, torch 2.x from PyPI), then the whole pytest suite against
+# the installed package. (ctest's `python` test runs the same suite on
+# Debian's torch 1.13 from the CMake build.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=$(bash scripts/venv.sh | tail -n 1)
+py="$venv/bin/python"
+echo "test_python: pip install . into $venv"
+"$py" -m pip install -q --no-deps --force-reinstall -Cbuild-dir="${BUILD_DIR:-build}/pip" .
+"$py" -c "import torch, flashgrad; print(f'test_python: torch {torch.__version__}, flashgrad {flashgrad.__version__} from {flashgrad.__file__}, isa {flashgrad.isa()}')"
+cd python/tests
+PYTHONDONTWRITEBYTECODE=1 "$py" -m pytest -q -p no:cacheprovider .
