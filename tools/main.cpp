@@ -107,12 +107,14 @@ const std::map<std::string, std::string> kUsage = {
      "  the SGEMM's memory. --impl none only allocates the tensors, for the\n"
      "  memory floor.\n"},
     {"roofline",
-     "usage: flashgrad roofline [--threads T] [--quick] [--json] [--probe]\n"
+     "usage: flashgrad roofline [--threads T] [--quick] [--json] [--probe | --peak]\n"
      "  The rates the sweep divides flashgrad's by: OpenBLAS SGEMM (n=2048, T threads\n"
      "  and 1), oneDNN bf16 GEMM (n=2048; n/a without oneDNN), the tile products'\n"
      "  shapes with OpenBLAS and with flashgrad's tile product (1 thread), STREAM\n"
      "  triad and memcpy bandwidth (T threads). Medians after a warm-up call.\n"
-     "  --probe: SGEMM alone, median of 3, as one JSON object (the sweep's drift probe).\n"},
+     "  --probe: SGEMM alone, median of 3, as one JSON object (the sweep's drift probe).\n"
+     "  --peak: the arithmetic peak alone: f32 FMA and bf16 pair products (AMX or\n"
+     "  AVX512_BF16) in loops that touch no memory, on T threads, best of 5.\n"},
 };
 
 std::vector<std::string> isa_names() {

@@ -34,6 +34,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 #if FLASHGRAD_HAVE_TILE_OPS
+#include "peak.hpp"
 #include "tile_ops.hpp"
 #endif
 
@@ -490,13 +491,36 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
 
 }  // namespace
 
+// --peak: the register-only loops alone (bench/peak.hpp), as text or one JSON line.
+int print_peaks(const Settings& s) {
+#if FLASHGRAD_HAVE_TILE_OPS
+  const bench::PeakRates p = bench::measure_peaks(s.threads, s.quick ? 3 : 5);
+  if (s.json) {
+    std::printf("{\"threads\": %d, \"f32_isa\": \"%s\", \"f32_peak_gflops\": %.6g, \"bf16_isa\": \"%s\", "
+                "\"bf16_peak_gflops\": %.6g}\n",
+                s.threads, p.f32_isa.c_str(), p.f32_gflops, p.bf16_isa.c_str(), p.bf16_gflops);
+  } else {
+    std::printf("arithmetic peak, %d threads, register-only loops:\n  f32 FMA (%s): %.1f GFLOP/s\n", s.threads,
+                p.f32_isa.c_str(), p.f32_gflops);
+    if (!p.bf16_isa.empty()) std::printf("  bf16 pairs (%s): %.1f GFLOP/s\n", p.bf16_isa.c_str(), p.bf16_gflops);
+  }
+  return 0;
+#else
+  (void)s;
+  std::fprintf(stderr, "flashgrad roofline: argument '--peak': expected a build with bench/ (FLASHGRAD_BUILD_BENCH=ON)\n");
+  return 2;
+#endif
+}
+
 int run_roofline(Args& args) {
   Settings s;
   s.threads = static_cast<int>(args.integer("--threads", max_threads(), 1, 4096));
   s.quick = args.has("--quick");
   s.json = args.has("--json");
   const bool probe = args.has("--probe");
+  const bool peak = args.has("--peak");
   args.finish();
+  if (peak) return print_peaks(s);
   s.repeats = s.quick ? 3 : 7;
   use_chosen_openblas_core("roofline");
   const auto [core, core_origin] = choose_openblas_core();

@@ -10,10 +10,19 @@ from . import _autograd, _spec
 from ._autograd import FlashAttention
 from ._spec import spec_from_args
 
-# torch >= 2.4 runs flashgrad as custom ops (traceable by torch.compile and torch.export).
+# torch >= 2.4 has flashgrad as custom ops, which torch.compile and torch.export trace.
 _ops = None
 if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_autograd"):
     from . import _ops
+
+
+def _traced(inputs) -> bool:
+    """Whether this call is being traced (torch.compile, torch.export, fake or functional
+    tensors): then it goes through the custom op. Eager calls take the autograd.Function, the
+    same kernels without the op's Python dispatch (about 0.2 ms a call, docs/performance.md)."""
+    if _ops is None:
+        return False
+    return torch.compiler.is_compiling() or any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in inputs)
 
 _FLOAT = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -180,7 +189,7 @@ def attend(fn: str, inputs, layout: str, *, dropout_p, softmax_scale, causal, wi
         "softmax_scale": scale, "causal": bool(causal), "window_left": left, "window_right": right,
         "softcap": softcap, "dropout_p": dropout_p, "num_threads": _autograd.get_num_threads(),
     }
-    if _ops is not None:
+    if _traced(inputs):
         out, lse = _ops.call(args, inputs, bias, sinks)
     else:
         out, lse = FlashAttention.apply(spec_from_args(fn, args), bias, sinks, *inputs)
