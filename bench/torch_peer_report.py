@@ -76,7 +76,9 @@ def plot(meta, rows, path):
         if _ok(r) and r["heads_kv"] == r["heads"]:
             groups.setdefault((r["dtype"], r["dim"]), []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = iter(plt.cm.tab10.colors)
     for (dtype, dim), rs in sorted(groups.items()):
+        color = next(colors)
         for causal, style in ((False, "-"), (True, "--")):
             sel = sorted((r for r in rs if r["causal"] == causal), key=lambda r: r["seqlen"])
             if not sel:
@@ -84,9 +86,9 @@ def plot(meta, rows, path):
             xs = [r["seqlen"] for r in sel]
             label = f"{dtype} d={dim}{' causal' if causal else ''}"
             axes[0].plot(xs, [r["torch"]["fwd_bwd_ms"] / r["flashgrad"]["fwd_bwd_ms"] for r in sel], style,
-                         marker="o", label=label)
+                         color=color, marker="o", label=label)
             axes[1].plot(xs, [r["flashgrad"]["peak_bytes"] / max(r["torch"]["peak_bytes"], 1) for r in sel], style,
-                         marker="o", label=label)
+                         color=color, marker="o", label=label)
     axes[0].set_title("forward+backward speedup over torch's CPU flash SDPA")
     axes[1].set_title("peak memory: flashgrad / torch")
     for ax in axes:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what flashgrad needs on Debian 12, only if something is missing.
+# Installs what flashgrad needs on Debian 12 (apt packages, only those missing),
+# then the Python venv with PyPI torch 2.x (scripts/venv.sh).
 set -euo pipefail
 packages=(build-essential cmake pkg-config libgtest-dev libbenchmark-dev libdlpack-dev
           libopenblas-dev python3-matplotlib python3-numpy
@@ -19,3 +20,6 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The Python venv with PyPI's packages (torch 2.x and pip's build tools), kept
+# across runs in ~/.cache/flashgrad/venv (scripts/venv.sh).
+bash "$(dirname "$0")/venv.sh" > /dev/null

@@ -5,7 +5,7 @@
 # Debian's torch 1.13 from the CMake build.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=$(bash scripts/venv.sh | tail -n 1)
+venv=$(bash scripts/venv.sh | tail -n 1)  # made by setup.sh; a no-op when current
 py="$venv/bin/python"
 echo "test_python: pip install . into $venv"
 "$py" -m pip install -q --no-deps --force-reinstall -Cbuild-dir="${BUILD_DIR:-build}/pip" .
