@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""End-to-end training with transformers on the CPU: attn_implementation "FlashGrad", "sdpa"
+and "eager" side by side, in one run.
+
+    <venv>/bin/python bench/train_e2e.py [--contexts 1024,2048,4096,8192,16384] [--steps 6]
+                                         [--models llama,mistral_window] [--out DIR]
+
+Models are built from configs written here and randomly initialised (no downloads): a
+Llama-style model (6 layers, d_model 512, 8 query heads over 2 K/V heads, head dim 64) and the
+same with Mistral's sliding window (1024 keys). Each (model, context, implementation) trains in
+its own process from the same seed on the same batches (a copy task: the second half of each
+sequence repeats the first, so the loss falls), with AdamW, batch 1, float32. After one warm-up
+step it reports tokens per second (the median step), the process's peak resident memory and
+every step's loss. A configuration whose attention would not fit in memory (eager's scores grow
+as L^2) is reported as such instead of run. Writes DIR/train_e2e.json, .md and .png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMPLS = ("FlashGrad", "sdpa", "eager")
+
+
+def _config(name: str, context: int):
+    import transformers
+
+    common = dict(vocab_size=512, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=max(context, 2048))
+    if name == "llama":
+        return transformers.LlamaConfig(**common)
+    if name == "mistral_window":
+        return transformers.MistralConfig(**common, sliding_window=1024)
+    raise ValueError(f"train_e2e: argument '--models': expected llama or mistral_window, got {name!r}")
+
+
+def _batches(context: int, steps: int, vocab: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    half = context // 2
+    out = []
+    for _ in range(steps):
+        first = torch.randint(0, vocab, (1, half), generator=g)
+        out.append(torch.cat([first, first], dim=1))
+    return out
+
+
+def _vmhwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def child(cfg: dict) -> dict:
+    import torch
+    import transformers
+
+    import flashgrad.torch
+    import flashgrad.transformers  # noqa: F401  (registers "FlashGrad")
+
+    torch.set_num_threads(cfg["threads"])
+    flashgrad.torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(0)
+    config = _config(cfg["model"], cfg["context"])
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=cfg["impl"])
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, times = [], []
+    for ids in _batches(cfg["context"], cfg["steps"] + 1, config.vocab_size, seed=1):
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    step = statistics.median(times[1:])
+    return {"tokens_per_s": cfg["context"] / step, "step_s": step, "peak_bytes": _vmhwm(), "losses": losses}
+
+
+def _eager_fits(cfg: dict) -> bool:
+    """eager keeps each layer's scores and probabilities ([heads, L, L], float32) for backward."""
+    need = cfg["context"] ** 2 * 8 * 4 * 3 * 6
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    return need < 0.8 * avail
+
+
+def run(cfg: dict) -> dict:
+    if cfg["impl"] == "eager" and not _eager_fits(cfg):
+        return {"error": "does not fit in memory"}
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()
+        return {"error": tail[-1] if tail else f"exit {p.returncode}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def report(rows, meta, out_dir):
+    lines = [f"# End-to-end training on the CPU\n\n{meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}, "
+             f"transformers {meta['transformers']}. Command: `{meta['command']}`\n",
+             "| model | context | impl | tokens/s | over sdpa | peak MiB | first / last loss |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        sdpa = next((x for x in rows if x["model"] == r["model"] and x["context"] == r["context"]
+                     and x["impl"] == "sdpa" and "error" not in x["result"]), None)
+        res = r["result"]
+        if "error" in res:
+            lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['error']} | | | |")
+            continue
+        rel = f"{res['tokens_per_s'] / sdpa['result']['tokens_per_s']:.2f}x" if sdpa else "-"
+        lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['tokens_per_s']:.0f} | {rel} "
+                     f"| {res['peak_bytes'] / 2**20:.0f} | {res['losses'][0]:.3f} / {res['losses'][-1]:.3f} |")
+    with open(os.path.join(out_dir, "train_e2e.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    _plot(rows, meta, os.path.join(out_dir, "train_e2e.png"))
+
+
+def _plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for model, style in (("llama", "-"), ("mistral_window", "--")):
+        for impl in IMPLS:
+            sel = sorted((r for r in rows if r["model"] == model and r["impl"] == impl and "error" not in r["result"]),
+                         key=lambda r: r["context"])
+            if not sel:
+                continue
+            xs = [r["context"] for r in sel]
+            axes[0].plot(xs, [r["result"]["tokens_per_s"] for r in sel], style, marker="o", label=f"{model} {impl}")
+            axes[1].plot(xs, [r["result"]["peak_bytes"] / 2**20 for r in sel], style, marker="o",
+                         label=f"{model} {impl}")
+            longest = sel[-1]
+            axes[2].plot(longest["result"]["losses"], style, label=f"{model} {impl} L={longest['context']}")
+    axes[0].set_title("tokens/s")
+    axes[1].set_title("peak memory (MiB)")
+    axes[2].set_title("loss per step, longest context run")
+    for ax in axes[:2]:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{meta['cpu']}, {meta['threads']} threads", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--contexts", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--models", default="llama,mistral_window")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps after one warm-up step")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default=os.path.join(ROOT, "out", "train_e2e"))
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        return 0
+    import torch
+    import transformers
+
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"cpu": _cpu(), "threads": a.threads, "torch": torch.__version__, "transformers": transformers.__version__,
+            "command": " ".join(sys.argv)}
+    rows = []
+    for model in a.models.split(","):
+        for context in (int(x) for x in a.contexts.split(",")):
+            for impl in IMPLS:
+                cfg = {"model": model, "context": context, "impl": impl, "steps": a.steps, "threads": a.threads}
+                row = dict(cfg, result=run(cfg))
+                rows.append(row)
+                res = row["result"]
+                print(f"{model:>15} L={context:<6} {impl:>9}: " + (res["error"] if "error" in res else
+                      f"{res['tokens_per_s']:8.0f} tokens/s, {res['peak_bytes'] / 2**20:6.0f} MiB, "
+                      f"loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f}"), flush=True)
+                with open(os.path.join(a.out, "train_e2e.json"), "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    report(rows, meta, a.out)
+    return 0
+
+
+def _cpu() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
