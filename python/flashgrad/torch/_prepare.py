@@ -19,7 +19,7 @@ if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_auto
 def _traced(inputs) -> bool:
     """Whether this call is being traced (torch.compile, torch.export, fake or functional
     tensors): then it goes through the custom op. Eager calls take the autograd.Function, the
-    same kernels without the op's Python dispatch (about 0.2 ms a call, docs/performance.md)."""
+    same kernels without the op's Python dispatch (about 0.2 ms a call, python/README.md)."""
     if _ops is None:
         return False
     return torch.compiler.is_compiling() or any(type(x) not in (torch.Tensor, torch.nn.Parameter) for x in inputs)
@@ -148,7 +148,7 @@ def attend(fn: str, inputs, layout: str, *, dropout_p, softmax_scale, causal, wi
            alibi_slopes, attn_bias, attn_mask, sinks, varlen=None, return_attn_probs=False,
            key_limit=None):
     """Checks the options, prepares bias/mask/sinks, runs the forward with flashgrad's backward
-    as its gradient: the custom op on torch >= 2.4, FlashAttention on older torch.
+    as its gradient: the custom op when traced (_traced), else FlashAttention.
 
     layout: a layout name of _spec.py. varlen: None or (cu_seqlens_q, cu_seqlens_k,
     max_seqlen_q, max_seqlen_k). Returns out, or (out, softmax_lse float32, S_dmask or None)
