@@ -7,7 +7,8 @@ namespace {
 constexpr int64_t kBlockRows = kGemmMr, kBlockCols = kGemmVecs * kLanes;
 void block_fn(int64_t k, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
               int64_t ldc) {
-  gemm_f32_block<kGemmMr, kGemmVecs, Epi::store, false, false>(k, a, a_rs, a_cs, b, ldb, c, ldc, nullptr, 0);
+  gemm_f32_block<kGemmMr, kGemmVecs, Epi::store, false, false>(k, a, a_rs, a_cs, b, ldb, c, ldc, nullptr, 0,
+                                                               ScoreScale<float>{});
 }
 #else
 // The generic gemm_nn in vec.inl works in 4 x 8 blocks.

@@ -12,7 +12,6 @@ namespace flashgrad::fuzz {
 struct Outcome {
   bool valid = true;     ///< the draw was a valid call (else a deliberately corrupted one)
   bool ok = true;        ///< every check held
-  bool ulp_level = false;  ///< valid draw that missed the strict rule by at most 4 ulps of max |ref|
   std::string kind;      ///< "valid" or the corruption's name
   std::string describe;  ///< the case, for reproducing
   std::string failure;   ///< what did not hold

@@ -181,7 +181,13 @@ std::string Case::describe() const {
   if (bias != BiasKind::none && bias_scale != 1.0) s << "x" << bias_scale;
   if (mask != MaskKind::none) s << " mask" << static_cast<int>(mask);
   if (sinks) s << " sinks";
-  if (varlen()) s << " varlen";
+  if (varlen()) {  // B, Lq and Lk above are then the draw's, not the sequences'
+    s << " varlen q";
+    for (size_t b = 0; b < seqlens_q.size(); ++b) s << (b ? "," : "[") << seqlens_q[b];
+    s << "] k";
+    for (size_t b = 0; b < seqlens_k.size(); ++b) s << (b ? "," : "[") << seqlens_k[b];
+    s << "]";
+  }
   if (dropout_p > 0) s << " dropout" << dropout_p;
   if (num_threads) s << " t" << num_threads;
   return s.str();

@@ -19,7 +19,7 @@
 template <typename Acc>
 struct QueryBlock {
   int64_t i0, mq;
-  Acc *q, *dout, *lse, *delta;  // q pre-scaled by softmax_scale
+  Acc *q, *dout, *lse, *delta;
   int64_t *lo, *hi;
 };
 
@@ -29,7 +29,7 @@ void load_query_block(const AttnParams& p, const TilePlan& plan, const HeadCtx<A
                       const Acc* delta_all, QueryBlock<Acc>& qb, bool f32_rows) {
   const int64_t q0 = p.q_start(ctx.b) + qb.i0;
   if (f32_rows) {
-    load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q, static_cast<Acc>(p.scale));
+    load_tile<T>(p.q, ctx.b, q0, ctx.h, qb.mq, p.head_dim, plan.dqk_pad, qb.q);
     load_tile<T>(p.dout, ctx.b, q0, ctx.h, qb.mq, p.head_dim_v, plan.dv_pad, qb.dout);
   }
   const Acc* delta = delta_all + (ctx.b * p.heads_q + ctx.h) * p.seqlen_q + qb.i0;
@@ -66,18 +66,19 @@ KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind ki
   return {a, std::max<int64_t>(0, end - a)};
 }
 
-// The backward's tile products. F32Backward: f32 tiles, q pre-scaled
-// (every path but bf16 on amx and avx512bf16). PairBackward (below): bf16
+// The backward's tile products. F32Backward: f32 tiles, S scaled as the
+// forward's AccTiles scale it (every path but bf16 on amx and avx512bf16). PairBackward (below): bf16
 // pair products, on AMX tiles or AVX512_BF16 dot products.
 template <typename T, typename Acc>
 struct F32Backward {
   static constexpr bool kPairs = false;
   F32Backward(const TilePlan&, Slice<Acc>) {}
-  // s [mq, lds] = (scale q) k^T and dp [mq, lds] = dO v^T for the keys at
+  // s [mq, lds] = scale (q k^T) and dp [mq, lds] = dO v^T for the keys at
   // columns a.. of kt and vt (all row stride bk_ld).
   void qk(const AttnParams& p, const TilePlan& plan, const QueryBlock<Acc>& qb, const Acc* kt, int64_t a,
           int64_t lds, Acc* s) const {
-    gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt + a, plan.bk_ld, s, plan.bk_ld);
+    gemm_nn(qb.mq, lds, p.head_dim, qb.q, plan.dqk_pad, 1, kt + a, plan.bk_ld, s, plan.bk_ld,
+            ScoreScale<Acc>(p.scale));
   }
   void dov(const AttnParams& p, const TilePlan& plan, const QueryBlock<Acc>& qb, const Acc* vt, int64_t a,
            int64_t lds, Acc* dp) const {
@@ -424,21 +425,20 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         if (dq_rows) bwd.dq(plan, qb, ks.a, lds, dp, k, dq_rows, ldq);
         continue;
       }
-      // dV += P^T dO, dK += dS^T (scale Q) over the seen keys' rows
+      // dV += P^T dO, dK += dS^T Q over the seen keys' rows
       gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
       gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
       if (dq_rows)  // dQ += dS K
         gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq, dq_rows, ldq, nullptr, tmp);
     }
   }
-  Acc dk_mul = Acc(1);
-  if constexpr (Bwd::kPairs) {  // back to rows; dK takes the scale its unscaled q left out
+  if constexpr (Bwd::kPairs) {  // back to rows
     transpose(ldq, plan.bk_pad, dk, plan.bk_pad, tmp, ldq);
     std::memcpy(dk, tmp, static_cast<size_t>(nj * ldq) * sizeof(Acc));
     transpose(ldv, plan.bk_pad, dv, plan.bk_pad, tmp, ldv);
     std::memcpy(dv, tmp, static_cast<size_t>(nj * ldv) * sizeof(Acc));
-    dk_mul = static_cast<Acc>(p.scale);
   }
+  const Acc dk_mul = static_cast<Acc>(p.scale);  // dK = scale dS^T Q
   for (int64_t r = 0; r < nj; ++r) {
     store_result<T>(p.grad_dtype, dk + r * ldq, p.head_dim, p.dk.data, row_offset(p.dk, b, k0 + r, hk),
                     p.dk.dim_stride, dk_mul);

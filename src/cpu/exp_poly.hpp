@@ -32,4 +32,19 @@ constexpr double kTanhClamp = 20.0;
 constexpr int kTanhPolyTerms = 9;
 constexpr double kTanhPoly[kTanhPolyTerms] = {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120,
                                               1.0 / 24,     1.0 / 6,     1.0 / 2,    1.0};
+
+// The f64 softcap's tanh (vec.inl, tanh_f64): tanh|x| = e / (e + 2) with
+// e = expm1(2 |x|) carried as a double-double, 2 |x| = n ln2 + r (ln2 as
+// above, r as rh + rl), expm1(r) = r + r^2 / 2 + r^3 / 6 + r^4 C(r), the
+// first three terms with their rounding errors and C (kTanh64Poly, 1 / 14!
+// down to 1 / 4!) in plain f64, where its part of expm1(r) (under 2e-3)
+// leaves an error below 2^-61; e + 2 and the quotient as double-doubles,
+// rounded once. glibc's tanh (up to 2.1 ulp, 41% of results not the
+// nearest double on [0, 1)) made the capped scores of the f64 kernels less
+// accurate than the naive path's tanh rounded once. |x| is clamped at 20,
+// where the f64 result is 1.
+constexpr int kTanh64PolyTerms = 11;
+constexpr double kTanh64Poly[kTanh64PolyTerms] = {
+    1.0 / 87178291200.0, 1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+    1.0 / 40320.0,       1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,      1.0 / 24.0};
 }  // namespace flashgrad

@@ -74,7 +74,8 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
 }
 
 // The forward's two tile products and the tile layouts they read, in Acc
-// (every ISA and dtype): Q pre-scaled by scale, K^T staged as an Acc tile,
+// (every ISA and dtype): S = scale (Q K^T), the scale applied as each score
+// is stored (ScoreScale), K^T staged as an Acc tile,
 // both products in gemm_nn. V is staged too, except for query tiles of at
 // most kInPlaceRows rows (decode), where P V reads contiguous V rows where
 // they lie. Decode at Lk = 128k, 8 heads, d = 128, 2 threads, K+V read per
@@ -115,7 +116,8 @@ struct AccTiles {
   const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
   int64_t k_ld = 0, k_n = 0;
   bool k_in_place = false;
-  AccTiles(const AttnParams& p, int64_t mq) {
+  ScoreScale<Acc> score_scale;
+  AccTiles(const AttnParams& p, int64_t mq) : score_scale(p.scale) {
 #if FG_VEC_GEMM
     v_in_place = std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) && p.v.dim_stride == 1 &&
                  p.head_dim_v % kPad == 0;
@@ -128,10 +130,10 @@ struct AccTiles {
   }
   // Elements per row of the Q tile.
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad; }
-  // Rows [seq0, seq0 + n) of head h of q, times scale, into dst ([n, ld]).
+  // Rows [seq0, seq0 + n) of head h of q into dst ([n, ld]); the scale goes on S (qk).
   static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
-                     Acc scale, Acc* dst) {
-    load_tile<T>(q, b, seq0, h, n, d, ld, dst, scale);
+                     Acc, Acc* dst) {
+    load_tile<T>(q, b, seq0, h, n, d, ld, dst);
   }
   // K^T [dqk_pad, bk_pad] into kt and V [nj, dv_pad] into v (or v_rows).
   void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, Acc* kt,
@@ -160,18 +162,19 @@ struct AccTiles {
     k_pf_end = k_dense ? reinterpret_cast<const char*>(k_rows + n * k_ld) : nullptr;
     v_pf_end = v_dense ? reinterpret_cast<const char*>(v_rows + n * v_ld) : nullptr;
   }
-  // s [mq, bk_pad] = scale * q k^T (the scale is already in q).
+  // s [mq, bk_pad] = scale * q k^T.
   void qk(const TilePlan& plan, int64_t mq, int64_t d, const Acc* q, const Acc* kt, Acc, Acc* s) const {
 #if FG_TRANSPOSE_REGS
     if constexpr (std::is_same<Acc, float>::value) {
       if (k_in_place) {
         return with_rows(mq, [&](auto m) {
-          scores_rows_whole<decltype(m)::value>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad, k_pf_end);
+          scores_rows_whole<decltype(m)::value>(k_n, d, q, plan.dqk_pad, k_rows, k_ld, s, plan.bk_pad, k_pf_end,
+                                                score_scale);
         });
       }
     }
 #endif
-    gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad);
+    gemm_nn(mq, plan.bk_pad, d, q, plan.dqk_pad, 1, kt, plan.bk_pad, s, plan.bk_pad, score_scale);
   }
   // o [mq, dv_pad] = o * alpha + P v over the tile's nj keys, P in s; pv is scratch.
   void pv(const TilePlan& plan, int64_t mq, int64_t nj, Acc* s, const Acc* v, const Acc* alpha, Acc* o,
@@ -444,18 +447,18 @@ constexpr bool kAmxTiles<AmxTiles> = true;
 // Keys-major score tiles: tiles (full, or cut by the causal and window
 // ranges or a mask; with softcap, ALiBi, bias and dropout or not) of query tiles
 // with at least kKeysMajorRows rows compute
-// S^T = K (scale Q)^T, with K's rows broadcast where they lie (f32) or from
+// S^T = scale (K Q^T), with K's rows broadcast where they lie (f32) or from
 // a converted copy, and run the online softmax on kLanes query rows at once
 // (softmax_cols): no horizontal reductions, no K^T tile, no per-row loop.
 // Each score is the same chain of FMAs over d in the same order as in
-// (scale Q) K^T, so it is bit for bit the score the backward recomputes.
+// Q K^T, scaled as it is stored, so it is bit for bit the score the backward recomputes.
 // The other tiles take the row path.
 constexpr int64_t kKeysMajorRows = 32;
 
 // Narrow tiles: query tiles of kNarrowMinRows <= mq <= kNarrowMaxRows rows
 // (short queries beside long keys) run keys-major through both products,
 // with the query rows across the lanes of one to four vectors (width W):
-//   S^T [nj, W]  = K (scale Q)^T   K's elements broadcast where they lie
+//   S^T [nj, W]  = scale (K Q^T)   K's elements broadcast where they lie
 //   O^T [dv, W]  = O^T * alpha + V^T P^T   V's elements broadcast where they lie
 // so neither K nor V is transposed or copied, and alpha scales O^T's columns.
 // A 16-row tile's products as square tiles padded to 32 columns did half
@@ -915,10 +918,11 @@ void narrow_products(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, i
   constexpr int MrV = std::is_same<TV, float>::value ? Mr : narrow_bf16_rows(Nv);
   const int64_t k_ahead = narrow_ahead<TK>(p, p.k, b, seq0, hk, nj, next, k_in_place, kr_ld);
   const int64_t v_ahead = narrow_ahead<TV>(p, p.v, b, seq0, hk, nj, next, v_in_place, vr_ld);
+  const ScoreScale<float> sscale(p.scale);
   if (k_ahead)
-    gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W, nullptr, k_ahead);
+    gemm_f32<MrK, Nv, Epi::store, true>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W, nullptr, k_ahead, sscale);
   else
-    gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W);
+    gemm_f32<MrK, Nv>(nj, W, p.head_dim, kr, kr_ld, 1, qt, ld, st, W, nullptr, 0, sscale);
   narrow_softmax<Nv>(p, nj, st, m, l, alpha, lo, hi, sc, j0);
   if (v_ahead)
     gemm_f32<MrV, Nv, Epi::add_cols, true>(p.head_dim_v, W, nj, vr, 1, vr_ld, st, W, ot, ld, alpha, v_ahead);
@@ -1173,8 +1177,9 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // and ALiBi, a bias and a mask follow (ScoreCols); the softmax then
     // finds the new maxima itself.
     const float cap = static_cast<float>(p.softcap);
+    const ScoreScale<float> sscale(p.scale);
     if (!cut && (cap > 0 || sc.any())) {
-      gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld);
+      gemm_nn(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, sscale);
       if (cap > 0)
         for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
       sc.apply(st, nj, ms, mld, j0);
@@ -1187,7 +1192,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     }
     if (!cut) {
       for (int64_t r = 0; r < ms; ++r) alpha[r] = m[r];
-      gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, alpha);
+      gemm_f32<kGemmMr, kGemmVecs, Epi::store_colmax>(nj, ms, p.head_dim, kr, kr_ld, 1, qt, mld, st, mld, alpha, 0,
+                                                      sscale);
       ahead(p.k, p.head_dim);
       softmax_cols(st, nj, ms, mld, m, l, alpha, lo, hi, static_cast<float>(j0), alpha);
       sc.dropout(st, nj, ms, mld, j0);
@@ -1198,7 +1204,7 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     for (int64_t u = 0; u < cut->bands; ++u) {
       const int64_t a = u * kPad, c = cut->col[u];
       gemm_nn(std::min(kPad, nj - a), ms - c, p.head_dim, kr + a * kr_ld, kr_ld, 1, qt + c, mld, st + a * mld + c,
-              mld);
+              mld, sscale);
       if (cap > 0)
         for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + c, ms - c, cap, nullptr);
       sc.at(c).apply(st + a * mld + c, std::min(kPad, nj - a), ms - c, mld, j0 + a);
@@ -1549,7 +1555,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
         });
         for (int64_t r = 0; r < mq; ++r)
           for (int64_t x = 0; x < g; ++x)
-            for (int64_t j = 0; j < nj; ++j) s[((h0 + x) * mq + r) * lds + j] = kt[r * ldst + j * g + x];
+            for (int64_t j = 0; j < nj; ++j) s[((h0 + x) * mq + r) * lds + j] = tiles.score_scale(kt[r * ldst + j * g + x]);
       }
       for (int64_t x = 0; x < nh; ++x) softmax_rows(j0, nj, x, kind, s + x * mq * lds, NextTile{0, 0, 0});
       for (int64_t h0 = 0; h0 < nh; h0 += g)

@@ -147,6 +147,40 @@ inline float tanh_f32(float s, double inv) {
 #if FG_SCALAR_VEXP
 inline VecF vtanh(VecF s, double inv) { return tanh_f32(s, inv); }
 #endif
+
+// tanh(x) in f64 (exp_poly.hpp): within 0.51 ulp, by the same operations on
+// every ISA (std::fma is exact wherever it runs). NaN propagates.
+inline double tanh_f64(double x) {
+  const double a = std::fmin(std::fabs(x), kTanhClamp) * 2.0;
+  const double n = std::nearbyint(a * kTanhLog2e);
+  // r = a - n ln2 = rh + rl: a - n ln2_hi is exact (n ln2_hi is, and they lie within 2x).
+  const double t = a - n * kTanhLn2Hi, p = n * kTanhLn2Lo, pe = std::fma(n, kTanhLn2Lo, -p);
+  const double rh = t - p, rl = ((t - rh) - p) - pe;
+  const double sq = rh * rh, sqe = std::fma(rh, rh, -sq);
+  const double p3 = sq * rh, p3e = std::fma(sq, rh, -p3) + sqe * rh;
+  const double c3 = p3 / 6.0, c3e = (std::fma(-c3, 6.0, p3) + p3e) * (1.0 / 6.0);
+  double c = kTanh64Poly[0];
+  for (int i = 1; i < kTanh64PolyTerms; ++i) c = c * rh + kTanh64Poly[i];
+  // expm1(r) = mh + ml: rh + (rh^2 / 2 + rh^3 / 6) by Fast2Sum (each term the larger), the rest in ml.
+  const double uh = sq * 0.5 + c3, ue = (sq * 0.5 - uh) + c3;
+  const double m0 = rh + uh, me = (rh - m0) + uh;
+  const double m1 = me + ue + rl + sqe * 0.5 + rh * rl + sq * rl * 0.5 + c3e + sq * sq * c;
+  const double mh = m0 + m1, ml = (m0 - mh) + m1;  // renormalized: |ml| <= ulp(mh) / 2
+  // e = (2^n - 1) + 2^n mh + 2^n ml, as eh + el.
+  const uint64_t bits = static_cast<uint64_t>(static_cast<int64_t>(n) + 1023) << 52;
+  double s;
+  std::memcpy(&s, &bits, 8);
+  const double ah = s - 1.0, al = (s - ah) - 1.0, b = s * mh;
+  const double e0 = ah + b, bb = e0 - ah, ee = (ah - (e0 - bb)) + (b - bb);
+  const double e1 = ee + al + s * ml;
+  const double eh = e0 + e1, el = (e0 - eh) + e1;
+  // tanh = e / (e + 2): q0 + (e - q0 (e + 2)) / (e + 2).
+  const double dh = eh + 2.0, db = dh - eh, de = (eh - (dh - db)) + (2.0 - db) + el;
+  const double inv = 1.0 / dh, q0 = eh * inv;
+  const double rem = std::fma(-q0, dh, eh) + (el - q0 * de);
+  const double th = q0 + rem * inv;
+  return x != x ? x : std::copysign(th, x);
+}
 inline double exp_acc(double x) { return std::exp(x); }
 inline float exp_acc(float x) { return exp_f32(x); }
 
@@ -164,6 +198,31 @@ inline float gemm_madd(float a, float b, float c) {
 }
 inline double gemm_madd(double a, double b, double c) { return a * b + c; }
 
+// softmax_scale * s for a raw score s = q . k, rounded once, as the
+// reference rounds its f64 scale's product: a scale rounded to f32 first
+// moved every score of a row alike by up to 2^-24, and scaling q before the
+// product rounded each q element, so that scores no longer followed any of
+// the reference's summation orders (docs/design.md, "Scores"). For f32,
+// scale = hi + lo with hi the f32 scale rounded toward zero, so lo shares
+// hi's sign (an infinite s stays infinite); lo's own rounding, 2^-47 of the
+// scale, can move a result only at a tie that close.
+template <typename Acc>
+struct ScoreScale {
+  Acc hi = 1, lo = 0;
+  ScoreScale() = default;
+  explicit ScoreScale(double scale) {
+    if (std::is_same<Acc, double>::value) {
+      hi = static_cast<Acc>(scale);
+      return;
+    }
+    float h = static_cast<float>(scale);
+    if (std::fabs(static_cast<double>(h)) > std::fabs(scale)) h = std::nextafter(h, 0.0f);
+    hi = static_cast<Acc>(h);
+    lo = static_cast<Acc>(static_cast<float>(scale - static_cast<double>(h)));
+  }
+  Acc operator()(Acc s) const { return lo == 0 ? s * hi : std::fma(s, hi, s * lo); }
+};
+
 // The tile product, the one seam for faster micro-kernels:
 //   C[m, 0..n) = A[m, k] * B[k, 0..n)
 // A's element (r, p) is a[r * a_rs + p * a_cs], so A may be a transposed view
@@ -172,7 +231,7 @@ inline double gemm_madd(double a, double b, double c) { return a * b + c; }
 // overload below uses the ISA's vector layer when there is one.
 template <typename Acc, int Mr, int Nr>
 inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, const Acc* b, int64_t ldb,
-                       Acc* c, int64_t ldc) {
+                       Acc* c, int64_t ldc, const ScoreScale<Acc>& sc = {}) {
   Acc acc[Mr][Nr] = {};
   for (int64_t p = 0; p < k; ++p) {
     const Acc* brow = b + p * ldb;
@@ -182,21 +241,22 @@ inline void gemm_block(int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs, cons
     }
   }
   for (int r = 0; r < Mr; ++r)
-    for (int j = 0; j < Nr; ++j) c[r * ldc + j] = acc[r][j];
+    for (int j = 0; j < Nr; ++j) c[r * ldc + j] = sc(acc[r][j]);
 }
 
+// sc: the scores' scale, applied to each sum as it is stored (none by default).
 template <typename Acc>
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs,
-                    const Acc* b, int64_t ldb, Acc* c, int64_t ldc) {
+                    const Acc* b, int64_t ldb, Acc* c, int64_t ldc, const ScoreScale<Acc>& sc = {}) {
   constexpr int Nr = 8, Mr = 4;
   FG_DASSERT(n % Nr == 0);
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, Mr, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc);
+      gemm_block<Acc, Mr, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc, sc);
   for (; i < m; ++i)
     for (int64_t j = 0; j < n; j += Nr)
-      gemm_block<Acc, 1, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc);
+      gemm_block<Acc, 1, Nr>(k, a + i * a_rs, a_rs, a_cs, b + j, ldb, c + i * ldc + j, ldc, sc);
 }
 
 // Asks for one cache line in L2. Inline asm on x86 because GCC 12 deletes a
@@ -252,6 +312,11 @@ inline void opaque(const float*& p) {
 // in place, a few rows ahead). A is f32, or bf16 read in place where the ISA
 // broadcasts bf16 pairs (accumulate_bf16_pairs).
 enum class Epi { store, add_rows, add_cols, store_colmax };
+
+// ScoreScale on kLanes scores: the same operations as its scalar form.
+inline VecF scale_scores(VecF x, const ScoreScale<float>& sc) {
+  return sc.lo == 0 ? vmul(x, vbroadcast(sc.hi)) : vfma(x, vbroadcast(sc.hi), vmul(x, vbroadcast(sc.lo)));
+}
 
 #if FG_BF16_PAIRS
 // bf16 A read where it lies: two of its elements adjacent in memory are
@@ -324,7 +389,8 @@ inline void accumulate_bf16_pairs(VecF (&acc)[Mr][Nv], int64_t k, const bf16_t* 
 
 template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
 inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, const TB* b,
-                           int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+                           int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf,
+                           const ScoreScale<float>& sc) {
   const int64_t a_rs = A1 ? 1 : a_rs_;
   VecF acc[Mr][Nv];
 #pragma GCC unroll 16
@@ -439,6 +505,13 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
     }
   }
   for (; p < k; ++p) step(p);
+  if constexpr (E == Epi::store || E == Epi::store_colmax) {
+    if (sc.lo != 0 || sc.hi != 1)
+#pragma GCC unroll 16
+      for (int r = 0; r < Mr; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < Nv; ++j) acc[r][j] = scale_scores(acc[r][j], sc);
+  }
   if constexpr (E == Epi::store_colmax) {
     float* cm = const_cast<float*>(rs);
 #pragma GCC unroll 4
@@ -473,37 +546,40 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
 // Mr rows: blocks Nv vectors wide, then 2-vector blocks for the rest of n.
 template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
 inline void gemm_f32_rows(int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf,
+                          const ScoreScale<float>& sc) {
   // add_cols and store_colmax: rs has one entry per column
   const int64_t col_step = E == Epi::add_cols || E == Epi::store_colmax ? 1 : 0;
   int64_t j = 0;
   for (; j + Nv * kLanes <= n; j += Nv * kLanes)
-    gemm_f32_block<Mr, Nv, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
+    gemm_f32_block<Mr, Nv, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf, sc);
   if constexpr (Nv > 2)
     for (; j < n; j += 2 * kLanes)
-      gemm_f32_block<Mr, 2, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf);
+      gemm_f32_block<Mr, 2, E, Pf, A1>(k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, rs + j * col_step, pf, sc);
 }
 
 // The last rows (m mod Mr) in one block of their own height.
 template <int R, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
 inline void gemm_f32_rest(int64_t rest, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
-                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+                          const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf,
+                          const ScoreScale<float>& sc) {
   if constexpr (R > 0) {
-    if (rest == R) return gemm_f32_rows<R, Nv, E, Pf, A1>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
-    gemm_f32_rest<R - 1, Nv, E, Pf, A1>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+    if (rest == R) return gemm_f32_rows<R, Nv, E, Pf, A1>(n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf, sc);
+    gemm_f32_rest<R - 1, Nv, E, Pf, A1>(rest, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf, sc);
   }
 }
 
 template <int Mr, int Nv, Epi E, bool Pf, bool A1, typename TA, typename TB>
 inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
-                       const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf) {
+                       const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs, int64_t pf,
+                       const ScoreScale<float>& sc) {
   const int64_t rs_step = E == Epi::add_rows ? 1 : 0;  // add_cols: the same columns in every row block
   int64_t i = 0;
   for (; i + Mr <= m; i += Mr)
     gemm_f32_rows<Mr, Nv, E, Pf, A1>(n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
-                                     rs ? rs + i * rs_step : rs, pf);
+                                     rs ? rs + i * rs_step : rs, pf, sc);
   gemm_f32_rest<Mr - 1, Nv, E, Pf, A1>(m - i, n, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,
-                                       rs ? rs + i * rs_step : rs, pf);
+                                       rs ? rs + i * rs_step : rs, pf, sc);
 }
 
 // gemm_nn (or, with an adding epilogue, gemm_nn_acc) with Mr x Nv register
@@ -515,15 +591,16 @@ inline void gemm_f32_m(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_r
 // spilled them, reloading one before each FMA.
 template <int Mr, int Nv, Epi E = Epi::store, bool Pf = false, typename TA, typename TB>
 inline void gemm_f32(int64_t m, int64_t n, int64_t k, const TA* a, int64_t a_rs, int64_t a_cs,
-                     const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr, int64_t pf = 0) {
+                     const TB* b, int64_t ldb, float* c, int64_t ldc, const float* rs = nullptr, int64_t pf = 0,
+                     const ScoreScale<float>& sc = {}) {
   FG_DASSERT(n % ((Nv == 1 ? 1 : 2) * kLanes) == 0);
-  if (a_rs == 1) return gemm_f32_m<Mr, Nv, E, Pf, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
-  gemm_f32_m<Mr, Nv, E, Pf, false>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf);
+  if (a_rs == 1) return gemm_f32_m<Mr, Nv, E, Pf, true>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf, sc);
+  gemm_f32_m<Mr, Nv, E, Pf, false>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, rs, pf, sc);
 }
 
 inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                    const float* b, int64_t ldb, float* c, int64_t ldc) {
-  gemm_f32<kGemmMr, kGemmVecs>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc);
+                    const float* b, int64_t ldb, float* c, int64_t ldc, const ScoreScale<float>& sc = {}) {
+  gemm_f32<kGemmMr, kGemmVecs>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, nullptr, 0, sc);
 }
 
 #if FG_TRANSPOSE_REGS
@@ -538,7 +615,7 @@ inline void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_r
 // block is read, below pf_end.
 template <int M, typename TK>
 inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq, const TK* k, int64_t ldk,
-                              float* s, int64_t lds, const char* pf_end = nullptr) {
+                              float* s, int64_t lds, const char* pf_end, const ScoreScale<float>& sc) {
   const int64_t pf_lines = pf_end ? ceil_div(kLanes * d * static_cast<int64_t>(sizeof(TK)), 64 * (d / kLanes)) : 0;
   for (int64_t j = 0; j < nj; j += kLanes) {
     const char* pf = reinterpret_cast<const char*>(k + (j + 2 * kLanes) * ldk);
@@ -560,7 +637,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
         for (int m = 0; m < M; ++m) acc[m] = vfma(vbroadcast(q[m * ldq + c + i]), r[i], acc[m]);
     }
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) vstore(s + m * lds + j, acc[m]);
+    for (int m = 0; m < M; ++m) vstore(s + m * lds + j, scale_scores(acc[m], sc));
   }
 }
 #endif

@@ -1,0 +1,35 @@
+// The C ABI fuzzer's draws that once failed (docs/reliability.md), run
+// through its harness on every test run: each seed's 64 bytes come from
+// mt19937_64, as fuzz_c_abi_seeds draws them.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "fuzz_c_abi.hpp"
+#include "harness.hpp"
+
+namespace {
+
+flashgrad::fuzz::Outcome run_seed(uint64_t seed) {
+  std::vector<uint8_t> bytes(64);
+  std::mt19937_64 rng(seed);
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  return flashgrad::fuzz::run_one(bytes.data(), bytes.size());
+}
+
+class FuzzSeeds : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(FuzzSeeds, PassOnThisIsa) {
+  if (const char* isa = flashgrad::testing::forced_isa_missing()) GTEST_SKIP() << isa << " not on this CPU";
+  const auto res = run_seed(GetParam());
+  EXPECT_TRUE(res.ok) << "seed " << GetParam() << ": " << res.describe << " [" << res.kind << "]\n" << res.failure;
+}
+
+// 216435: f32, Lq 1, Lk 31, d 72, softcap 30, inputs x2, bias with dbias:
+// scores scaled by a rounded f32 scale after a rounded q (out, lse, dv).
+// 213158: f64, one query row of 64 keys (varlen), d 1 / 24, softcap 30:
+// glibc's tanh, up to 2.1 ulp, in the f64 softcap (dv).
+INSTANTIATE_TEST_SUITE_P(Issue48, FuzzSeeds, ::testing::Values(216435, 213158));
+
+}  // namespace
