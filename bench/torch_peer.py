@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from proc_stats import cpu_model, reset_vmhwm, vmhwm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
@@ -72,19 +74,6 @@ def _call(torch, fgt, impl, cfg):
     return peer
 
 
-def _vmhwm() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_hwm():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def child_time(cfg) -> dict:
     torch, fgt = _setup(cfg)
     (q, k, v), dout = _inputs(torch, cfg)
@@ -93,8 +82,8 @@ def child_time(cfg) -> dict:
     # thread pools) are the process's, not the configuration's.
     (sq, sk, sv), sd = _inputs(torch, dict(cfg, seqlen=16))
     fn(sq, sk, sv).backward(sd)
-    _reset_hwm()
-    floor = _vmhwm()
+    reset_vmhwm()
+    floor = vmhwm()
     t0 = time.perf_counter()
     fn(q, k, v).backward(dout)  # warm-up (and the first touch of every buffer)
     first = time.perf_counter() - t0
@@ -112,7 +101,7 @@ def child_time(cfg) -> dict:
         both.append(t2 - t0)
         del out
     return {"fwd_ms": 1e3 * statistics.median(fwd), "fwd_bwd_ms": 1e3 * statistics.median(both), "reps": reps,
-            "peak_bytes": _vmhwm() - floor}
+            "peak_bytes": vmhwm() - floor}
 
 
 def _reference_group(torch, cfg, q, k, v, dout, dtype, noise_of=None):
@@ -273,7 +262,7 @@ def main():
     import flashgrad
 
     meta = {"torch": torch.__version__, "flashgrad": flashgrad.__version__, "isa": flashgrad.isa(),
-            "threads": a.threads, "cpu": _cpu_model(), "peak": peaks(a.threads), "command": " ".join(sys.argv)}
+            "threads": a.threads, "cpu": cpu_model(), "peak": peaks(a.threads), "command": " ".join(sys.argv)}
     print(f"torch_peer: torch {meta['torch']}, flashgrad on {meta['isa']}, {a.threads} threads, {meta['cpu']}; "
           f"peak {meta['peak']}", flush=True)
     rows = []
@@ -309,17 +298,6 @@ def recheck(out_dir) -> int:
 
     write_report(data["meta"], data["rows"], out_dir)
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _line(r) -> str:

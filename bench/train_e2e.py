@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from proc_stats import cpu_model, vmhwm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("FlashGrad", "sdpa", "eager")
 
@@ -53,14 +55,6 @@ def _batches(context: int, steps: int, vocab: int, seed: int):
     return out
 
 
-def _vmhwm() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def child(cfg: dict) -> dict:
     import torch
     import transformers
@@ -85,7 +79,7 @@ def child(cfg: dict) -> dict:
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     step = statistics.median(times[1:])
-    return {"tokens_per_s": cfg["context"] / step, "step_s": step, "peak_bytes": _vmhwm(), "losses": losses}
+    return {"tokens_per_s": cfg["context"] / step, "step_s": step, "peak_bytes": vmhwm(), "losses": losses}
 
 
 def _eager_fits(cfg: dict) -> bool:
@@ -176,7 +170,7 @@ def main():
     import transformers
 
     os.makedirs(a.out, exist_ok=True)
-    meta = {"cpu": _cpu(), "threads": a.threads, "torch": torch.__version__, "transformers": transformers.__version__,
+    meta = {"cpu": cpu_model(), "threads": a.threads, "torch": torch.__version__, "transformers": transformers.__version__,
             "command": " ".join(sys.argv)}
     rows = []
     for model in a.models.split(","):
@@ -193,11 +187,6 @@ def main():
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
     report(rows, meta, a.out)
     return 0
-
-
-def _cpu() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":
