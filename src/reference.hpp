@@ -15,9 +15,11 @@ namespace flashgrad::reference {
 // runs the matrix products' sums as FMA chains (one rounding per term, the
 // way f32 tile products and BLAS kernels run them), so that the error of "a"
 // naive computation is not judged by one lucky rounding sequence. noise
-// (backward only) returns, per element, the first-order rounding noise of the
-// cancellation dS = P * (dP - delta) that any algorithm computing dP and delta
-// as separate sums in the accumulation precision carries.
+// returns, per element, the first-order rounding noise that any algorithm in
+// the accumulation precision carries where one rounding sequence cannot
+// measure it: the softmax's exponents (every output) and the cancellation
+// dS = P * (dP - delta) of dP and delta summed apart (the gradients);
+// reference_noise.inl, docs/design.md "The tolerance rule".
 enum class Precision { f64, storage, storage_reversed, storage_fused, noise };
 
 // As flashgrad::forward, but out and lse are f64 views. keep: u8

@@ -124,6 +124,7 @@ struct HeadForward {
   Matrix z;      // dropout multiplier keep / (1 - p) [lq, lk]
   Matrix out;    // [lq, dv]
   std::vector<Real> lse;
+  Matrix mag2;   // with_mag: sum of the squared magnitudes the logit's roundings scale with [lq, lk]
 };
 
 bool visible(const AttnParams& p, int64_t b, int64_t h, int64_t i, int64_t j, int64_t ip) {
@@ -136,26 +137,44 @@ bool visible(const AttnParams& p, int64_t b, int64_t h, int64_t i, int64_t j, in
 }
 
 // softcap, ALiBi and bias applied to s = scale q.k, each operation rounded as
-// a framework would; *t receives tanh(s / softcap).
+// a framework would; *t receives tanh(s / softcap). mag2, when given, adds
+// the square of the magnitude each rounding scales with, as it reaches the
+// logit: s / cap through the factor cap (1 - t^2), tanh and cap t (|cap t|
+// each), the ALiBi term and the difference, the sum with the bias.
 Real logit(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, int64_t i, int64_t j, int64_t ip, Real s,
-           Real* t) {
+           Real* t, Real* mag2 = nullptr) {
+  Real m2 = 0;
   if (p.softcap > 0) {
     *t = ar.acc(std::tanh(ar.acc(s / p.softcap)));
+    const Real through = s * (1 - *t * *t);
     s = ar.acc(p.softcap * *t);
+    m2 += through * through + 2 * s * s;
   }
   if (p.alibi) {
     const Real slope = p.alibi[b * p.alibi_batch_stride + h * p.alibi_head_stride];
-    s = ar.acc(s - ar.acc(slope * std::fabs(Real(ip - j))));
+    const Real a = ar.acc(slope * std::fabs(Real(ip - j)));
+    s = ar.acc(s - a);
+    m2 += a * a + s * s;
   }
   if (p.bias.data) {
     const auto& o = p.bias;
     s = ar.acc(s + read(o.data, o.dtype, b * o.stride[0] + h * o.stride[1] + i * o.stride[2] + j * o.stride[3]));
+    m2 += s * s;
   }
+  if (mag2) *mag2 += m2;
   return s;
 }
 
+Matrix absolute(Matrix m) {
+  for (auto& x : m) x = std::fabs(x);
+  return m;
+}
+
+// with_mag (f64 only): also f.mag2, the squares of each score's
+// scale sum |q| |k| (the product's first-order noise), |scale q.k| (the
+// scale's rounding) and logit's magnitudes.
 HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_t h,
-                         const uint8_t* keep) {
+                         const uint8_t* keep, bool with_mag = false) {
   HeadForward f;
   f.lq = p.len_q(b);
   f.lk = p.len_k(b);
@@ -165,6 +184,10 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
   const Matrix k = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
   const Matrix v = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
   f.s = abt(ar, q, k, lq, lk, d, p.scale);
+  if (with_mag) {
+    f.mag2 = abt(ar, absolute(q), absolute(k), lq, lk, d, p.scale);
+    for (size_t x = 0; x < f.mag2.size(); ++x) f.mag2[x] = f.mag2[x] * f.mag2[x] + f.s[x] * f.s[x];
+  }
   f.t.assign(f.s.size(), 0.0);
   f.p.assign(f.s.size(), 0.0);
   f.z.assign(f.s.size(), 1.0);
@@ -174,7 +197,8 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
     const int64_t ip = i + shift;
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t x = i * lk + j;
-      f.s[x] = visible(p, b, h, i, j, ip) ? logit(p, ar, b, h, i, j, ip, f.s[x], &f.t[x]) : -inf;
+      Real* mag2 = with_mag ? &f.mag2[x] : nullptr;
+      f.s[x] = visible(p, b, h, i, j, ip) ? logit(p, ar, b, h, i, j, ip, f.s[x], &f.t[x], mag2) : -inf;
       if (p.dropout_p > 0) {
         const uint8_t kept = keep[((b * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j];
         f.z[x] = kept ? 1.0 / (1.0 - p.dropout_p) : 0.0;
@@ -204,13 +228,21 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
 }
 
 Arith arith(const AttnParams& p, Precision prec) {
-  return Arith{p.dtype, prec != Precision::f64, prec == Precision::storage_reversed,
-               prec == Precision::storage_fused};
+  const bool naive = prec != Precision::f64 && prec != Precision::noise;
+  return Arith{p.dtype, naive, prec == Precision::storage_reversed, prec == Precision::storage_fused};
 }
+
+// The accumulation's unit roundoff: f64 for f64 storage, else f32.
+Real unit_roundoff(const AttnParams& p) { return std::ldexp(Real(1), p.dtype == DType::f64 ? -53 : -24); }
+
+// Noise mode's passes (reference_noise.inl).
+void forward_noise(const AttnParams& p, const uint8_t* keep);
+void backward_noise(const AttnParams& p, const Grads& grads, const uint8_t* keep);
 
 }  // namespace
 
 void forward(const AttnParams& p, Precision prec, const uint8_t* keep) {
+  if (prec == Precision::noise) return forward_noise(p, keep);
   const Arith ar = arith(p, prec);
   auto* lse_out = static_cast<double*>(p.lse.data);
   for (int64_t b = 0; b < p.batch; ++b)
@@ -222,11 +254,6 @@ void forward(const AttnParams& p, Precision prec, const uint8_t* keep) {
 }
 
 namespace {
-
-Matrix absolute(Matrix m) {
-  for (auto& x : m) x = std::fabs(x);
-  return m;
-}
 
 // dS for one head, w.r.t. the pre-softcap score (ds) and w.r.t. the bias
 // (ds_bias, before the softcap factor), and delta = rowsum(dout * out).
@@ -312,7 +339,8 @@ void zero_dbias(const Grads& grads) {
           db[a * g.strides[0] + b * g.strides[1] + i * g.strides[2] + j * g.strides[3]] = 0;
 }
 
-void add_dbias(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, const HeadBackward& g, int64_t lq,
+// dbias[b, h, i, j] += ds_bias[i, j], over dbias's broadcast dimensions.
+void add_dbias(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, const Matrix& ds_bias, int64_t lq,
                int64_t lk) {
   const auto& o = p.dbias;
   for (int64_t i = 0; i < lq; ++i)
@@ -320,15 +348,15 @@ void add_dbias(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, const
       double& slot = static_cast<double*>(o.data)[(o.batch == 1 ? 0 : b) * o.stride[0] +
                                                   (o.heads == 1 ? 0 : h) * o.stride[1] + i * o.stride[2] +
                                                   j * o.stride[3]];
-      slot = static_cast<double>(ar.acc(slot + g.ds_bias[i * lk + j]));
+      slot = static_cast<double>(ar.acc(slot + ds_bias[i * lk + j]));
     }
 }
 
 }  // namespace
 
 void backward(const AttnParams& p, const Grads& grads, Precision prec, const uint8_t* keep) {
-  const bool noise = prec == Precision::noise;
-  const Arith ar = arith(p, noise ? Precision::f64 : prec);
+  if (prec == Precision::noise) return backward_noise(p, grads, keep);
+  const Arith ar = arith(p, prec);
   const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   std::vector<Real> dsinks(static_cast<size_t>(p.heads_q), 0.0);
   if (p.dbias.data) zero_dbias(grads);
@@ -336,30 +364,26 @@ void backward(const AttnParams& p, const Grads& grads, Precision prec, const uin
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const int64_t lk = p.len_k(b), lq = p.len_q(b);
       Matrix dk(static_cast<size_t>(lk * d), 0.0), dvm(static_cast<size_t>(lk * dv), 0.0);
-      Matrix k_ = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
+      const Matrix k_ = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d);
       const Matrix v_ = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
-      if (noise) k_ = absolute(k_);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const HeadForward f = head_forward(p, ar, b, h, keep);
-        Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
-        if (noise) q_ = absolute(q_);
+        const Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
         const Matrix go = gather(p, p.dout, p.dtype, b, p.q_start(b), lq, h, dv);
-        const Matrix qk_abs = noise && p.softcap > 0 ? abt(ar, q_, k_, lq, lk, d, p.scale) : Matrix();
-        const HeadBackward g = head_backward(p, ar, f, go, v_, noise, &qk_abs);
+        const HeadBackward g = head_backward(p, ar, f, go, v_, false);
         if (p.sinks)
           for (int64_t i = 0; i < lq; ++i) {
             if (f.lse[i] == -std::numeric_limits<Real>::infinity()) continue;
             const Real term = std::exp(p.sinks[h * p.sinks_stride] - f.lse[i]) * g.delta[static_cast<size_t>(i)];
             Real& acc = dsinks[static_cast<size_t>(h)];
-            acc = ar.acc(acc + (noise ? term : -ar.acc(term)));
+            acc = ar.acc(acc - ar.acc(term));
           }
-        if (p.dbias.data) add_dbias(p, ar, b, h, g, lq, lk);
+        if (p.dbias.data) add_dbias(p, ar, b, h, g.ds_bias, lq, lk);
         Matrix dq = reduce(ar, lq, d, lk, [&](int64_t j, int64_t i) { return g.ds[i * lk + j]; }, k_, p.scale);
         for (auto& x : dq) x = ar.round(x);
         scatter(p.dq, b, p.q_start(b), lq, h, d, dq);
         const Matrix dkh = reduce(ar, lk, d, lq, [&](int64_t i, int64_t j) { return g.ds[i * lk + j]; }, q_, p.scale);
         for (size_t x = 0; x < dk.size(); ++x) dk[x] = ar.acc(dk[x] + dkh[x]);
-        if (noise) continue;  // P^T dO has no cancellation: its noise is the naive error's
         const Matrix dvh = reduce(
             ar, lk, dv, lq, [&](int64_t i, int64_t j) { return ar.round(f.p[i * lk + j] * f.z[i * lk + j]); }, go, 1);
         for (size_t x = 0; x < dvm.size(); ++x) dvm[x] = ar.acc(dvm[x] + dvh[x]);
@@ -373,3 +397,5 @@ void backward(const AttnParams& p, const Grads& grads, Precision prec, const uin
     for (int64_t h = 0; h < p.heads_q; ++h)
       static_cast<double*>(p.dsinks)[h * p.dsinks_stride] = static_cast<double>(dsinks[static_cast<size_t>(h)]);
 }
+
+#include "reference_noise.inl"

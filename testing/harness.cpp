@@ -424,7 +424,8 @@ std::string Report::table() const {
   s << std::scientific << std::setprecision(2);
   for (const auto& t : tensors)
     s << "  " << std::setw(6) << t.name << "  kernel " << t.err_kernel << "  naive " << t.err_naive
-      << "  bound " << t.bound() << (t.pass ? "  ok" : "  FAIL") << "\n";
+      << "  noise " << t.noise << "  max|ref| " << t.max_ref << "  bound " << t.bound()
+      << (t.pass ? "  ok" : "  FAIL") << "\n";
   return s.str();
 }
 
@@ -449,6 +450,7 @@ References run_references(const Problem& p, bool backward) {
   // naive chain does: the third order only differs in f32 and f64.
   r.fused_differs = p.c.dtype == DType::f32 || p.c.dtype == DType::f64;
   r.noise = make_outputs(p, true);
+  reference::forward(p.opts, p.q.view, p.k.view, p.v.view, r.noise.out.view, r.noise.lse.view, Precision::noise);
   run_reference(p, r.ref, Precision::f64, backward);
   run_reference(p, r.nai, Precision::storage, backward);
   run_reference(p, r.rev, Precision::storage_reversed, backward);
@@ -467,7 +469,7 @@ Report judge(const Problem& p, const Outputs& ker, const References& refs, bool 
   const Outputs& fus = refs.fused_differs ? refs.fused : nai;
   Report r;
   auto add = [&](const char* name, const Buffer& k, const Buffer& e, const Buffer& n, const Buffer& nr,
-                 const Buffer& nf, DType storage, const Buffer* cancellation = nullptr) {
+                 const Buffer& nf, DType storage, const Buffer& first_order) {
     if (!k.present()) return;
     TensorError t;
     t.name = name;
@@ -476,21 +478,21 @@ Report judge(const Problem& p, const Outputs& ker, const References& refs, bool 
       if (std::isfinite(x)) t.max_ref = std::max(t.max_ref, std::fabs(x));
     t.err_kernel = max_err(kd, ed);
     t.err_naive = std::max({max_err(dense(n), ed), max_err(dense(nr), ed), max_err(dense(nf), ed)});
-    t.noise = rounding_noise(storage, ed);
-    if (cancellation)
-      for (double x : dense(*cancellation)) t.noise = std::max(t.noise, x);
+    double bound = 0;
+    for (double x : dense(first_order)) bound = std::max(bound, x);
+    t.noise = rounding_noise(storage, ed) + bound;
     t.pass = t.err_kernel <= t.bound();
     r.tensors.push_back(t);
   };
   const DType acc_t = c.dtype == DType::f64 ? DType::f64 : DType::f32;
-  add("out", ker.out, ref.out, nai.out, rev.out, fus.out, c.dtype);
-  add("lse", ker.lse, ref.lse, nai.lse, rev.lse, fus.lse, acc_t);
+  add("out", ker.out, ref.out, nai.out, rev.out, fus.out, c.dtype, noise.out);
+  add("lse", ker.lse, ref.lse, nai.lse, rev.lse, fus.lse, acc_t, noise.lse);
   if (backward) {
-    add("dq", ker.dq, ref.dq, nai.dq, rev.dq, fus.dq, c.dtype, &noise.dq);
-    add("dk", ker.dk, ref.dk, nai.dk, rev.dk, fus.dk, c.dtype, &noise.dk);
-    add("dv", ker.dv, ref.dv, nai.dv, rev.dv, fus.dv, c.dtype);
-    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, rev.dsinks, fus.dsinks, acc_t, &noise.dsinks);
-    add("dbias", ker.dbias, ref.dbias, nai.dbias, rev.dbias, fus.dbias, acc_t, &noise.dbias);
+    add("dq", ker.dq, ref.dq, nai.dq, rev.dq, fus.dq, c.dtype, noise.dq);
+    add("dk", ker.dk, ref.dk, nai.dk, rev.dk, fus.dk, c.dtype, noise.dk);
+    add("dv", ker.dv, ref.dv, nai.dv, rev.dv, fus.dv, c.dtype, noise.dv);
+    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, rev.dsinks, fus.dsinks, acc_t, noise.dsinks);
+    add("dbias", ker.dbias, ref.dbias, nai.dbias, rev.dbias, fus.dbias, acc_t, noise.dbias);
   }
   return r;
 }
