@@ -181,6 +181,20 @@ int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const
   return bytes;
 }
 
+const char* fg_explain(const fg_params* p, const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                       int backward) {
+  thread_local std::string line;
+  const char* text = nullptr;
+  guarded([&] {
+    const char* fn = backward ? "explain_backward" : "explain_forward";
+    const flashgrad::Options o = options(fn, p);
+    const flashgrad::TensorView qv = view(fn, "q", q), kv = view(fn, "k", k), vv = view(fn, "v", v);
+    line = (backward ? flashgrad::explain_backward(o, qv, kv, vv) : flashgrad::explain_forward(o, qv, kv, vv)).describe();
+    text = line.c_str();
+  });
+  return text;
+}
+
 fg_status fg_merge(DLTensor* o_acc, DLTensor* lse_acc, const DLTensor* o_part, const DLTensor* lse_part,
                    int num_threads) {
   return guarded([&] {

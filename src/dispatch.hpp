@@ -22,6 +22,12 @@ namespace flashgrad {
 
 enum class Isa { scalar, avx2, avx512, avx512bf16, amx };
 
+// The forward's path for a call's first task (forward.inl, task_path).
+struct ForwardChoice {
+  ForwardPath path = ForwardPath::rows;
+  bool heads_outer = false;
+};
+
 struct KernelTable {
   Isa isa;
   const char* name;
@@ -30,6 +36,7 @@ struct KernelTable {
   void (*backward)(const AttnParams& p, const TilePlan& plan, void* workspace);
   // keep u8 [batch, heads_q, seqlen_q, seqlen_k] contiguous, sequence-local positions.
   void (*dropout_mask)(const AttnParams& p, uint8_t* keep);
+  ForwardChoice (*forward_path)(const AttnParams& p, const TilePlan& plan);
 };
 
 const char* isa_to_string(Isa isa);

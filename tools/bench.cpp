@@ -102,9 +102,10 @@ std::string config_json(const Case& c) {
 
 void print_json(const Case& c, const Case& small, const testing::Report& r, int threads,
                 const std::vector<Timing>& timings, int64_t warmup, int64_t repeats, int64_t ws_fwd,
-                int64_t ws_bwd, size_t copies) {
+                int64_t ws_bwd, size_t copies, const std::pair<std::string, std::string>& plans) {
   Json j;
   j.add("version", version()).add("isa", isa_name()).add("threads", threads);
+  j.add_raw("plan", Json().add("forward", plans.first).add("backward", plans.second).str());
   j.add_raw("config", config_json(c));
   j.add_raw("check", Json()
                          .add("case", small.describe())
@@ -125,12 +126,13 @@ void print_json(const Case& c, const Case& small, const testing::Report& r, int 
 
 void print_table(const Case& c, const Case& small, const testing::Report& r, int threads,
                  const std::vector<Timing>& timings, int64_t repeats, int64_t ws_fwd, int64_t ws_bwd,
-                 size_t copies) {
+                 size_t copies, const std::pair<std::string, std::string>& plans) {
   std::printf("flashgrad %s bench: isa %s, %d threads\n", version().c_str(), isa_name(), threads);
   std::printf("config:    %s\n", c.describe().c_str());
   std::printf("check:     ok on %s (worst error %.2f of its bound)\n", small.describe().c_str(),
               worst_fraction(r));
   std::printf("workspace: forward %.2f MiB, backward %.2f MiB\n", mib(ws_fwd), mib(ws_bwd));
+  std::printf("plan:      %s\n           %s\n", plans.first.c_str(), plans.second.c_str());
   if (copies > 1) std::printf("inputs:    %zu copies, taken in turn\n", copies);
   std::printf("\n%-18s %12s %12s %10s   (median of %lld)\n", "pass", "median ms", "min ms", "GFLOP/s",
               static_cast<long long>(repeats));
@@ -162,13 +164,15 @@ int run_bench(Args& args) {
   const testing::Problem p = testing::make_problem(c);
   const int64_t ws_fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
   const int64_t ws_bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  const std::pair<std::string, std::string> plans{explain_forward(p.opts, p.q.view, p.k.view, p.v.view).describe(),
+                                                  explain_backward(p.opts, p.q.view, p.k.view, p.v.view).describe()};
   Rotation calls;
   fill_rotation(calls, p, cold_mib);
   const std::vector<Timing> timings = time_passes(calls, warmup, repeats);
   if (json)
-    print_json(c, small, r, threads, timings, warmup, repeats, ws_fwd, ws_bwd, calls.problems.size());
+    print_json(c, small, r, threads, timings, warmup, repeats, ws_fwd, ws_bwd, calls.problems.size(), plans);
   else
-    print_table(c, small, r, threads, timings, repeats, ws_fwd, ws_bwd, calls.problems.size());
+    print_table(c, small, r, threads, timings, repeats, ws_fwd, ws_bwd, calls.problems.size(), plans);
   return 0;
 }
 

@@ -78,7 +78,10 @@ const std::map<std::string, std::string> kUsage = {
      "                 seconds of the whole run (default 840; 45 with --quick)\n"
      "  --no-torch     leave PyTorch out\n"
      "  --no-plot      do not draw the PNGs\n"},
-    {"info", "usage: flashgrad info\n"},
+    {"info", std::string("usage: flashgrad info [--explain [flags]]\n"
+                         "  version, the SIMD paths and threads; with --explain, the plans of a\n"
+                         "  forward and a backward on the configuration the flags describe:\n") +
+                 kCaseFlagsUsage},
     {"demo",
      "usage: flashgrad demo [--out DIR] [--threads T] [--budget-s S] [--min-seqlen L]\n"
      "                      [--max-seqlen L] [--memory-gib G] [--no-plot]\n"
@@ -139,7 +142,19 @@ int dispatch(const std::string& command, Args& args) {
 
 std::string version() { return flashgrad::version(); }
 
+// The plans of both passes on the configuration of the case flags.
+int run_explain(Args& args) {
+  const testing::Case c = case_from_flags(args);
+  args.finish();
+  const testing::Problem p = testing::make_problem(c);
+  std::printf("config:   %s\n", c.describe().c_str());
+  std::printf("forward:  %s\n", explain_forward(p.opts, p.q.view, p.k.view, p.v.view).describe().c_str());
+  std::printf("backward: %s\n", explain_backward(p.opts, p.q.view, p.k.view, p.v.view).describe().c_str());
+  return 0;
+}
+
 int run_info(Args& args) {
+  if (args.has("--explain")) return run_explain(args);
   args.finish();
   std::string supported;
   for (const auto& name : isa_names()) supported += (supported.empty() ? "" : " ") + name;

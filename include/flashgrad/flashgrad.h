@@ -82,6 +82,13 @@ int64_t fg_forward_workspace_bytes(const fg_params* p, const DLTensor* q, const 
 int64_t fg_backward_workspace_bytes(const fg_params* p, const DLTensor* q, const DLTensor* k,
                                     const DLTensor* v);
 
+/* The plan of fg_forward (backward = 0) or fg_backward (backward = 1) with
+ * these inputs, one line as flashgrad::Plan::describe() writes it: kernel
+ * name, path, tiles, threads, workspace. Valid until this thread's next
+ * call of fg_explain; NULL on error. */
+const char* fg_explain(const fg_params* p, const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                       int backward);
+
 /* Merges partial attention over disjoint keys into (o_acc, lse_acc), in f32
  * (flashgrad::merge): o_acc/o_part f32 [batch, seqlen, heads, dv],
  * lse_acc/lse_part f32 [batch, heads, seqlen]. */

@@ -154,6 +154,45 @@ int64_t forward_workspace_bytes(const Options& opts, const TensorView& q, const 
 int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,
                                  const TensorView& v);
 
+// The plan of a call: what forward()/backward() with these arguments run,
+// chosen as the call chooses it (docs/design.md, "The plan").
+//
+// Forward paths, the tile routine of the call's first task:
+//   rows          Q K^T and P V on row tiles, K^T and V staged
+//   whole_rows    the same with K and V read in place (decode, 1 to 4 rows)
+//   heads_across  decode on several K/V heads per product call
+//   keys_major    S^T = K Q^T tiles, the softmax down their columns
+//   narrow        keys-major tiles of 8 to 64 rows keeping O^T
+//   dot_rows      bf16 row tiles on AVX512_BF16 dot products
+//   narrow_dot    narrow tiles on AVX512_BF16 dot products
+//   amx           bf16 tiles on AMX
+//   amx_narrow    AMX tiles of 3 to 32 rows keeping O^T
+// Backward paths: two_pass (a dK/dV pass, then a dQ pass) or single_pass
+// (dQ accumulated per thread beside dK/dV, key_chunks runs per K/V head).
+enum class ForwardPath { rows, whole_rows, heads_across, keys_major, narrow, dot_rows, narrow_dot, amx, amx_narrow };
+enum class BackwardPath { two_pass, single_pass };
+const char* path_name(ForwardPath p);
+const char* path_name(BackwardPath p);
+
+struct Plan {
+  const char* isa = "";               ///< the kernel table (isa_name())
+  bool backward = false;              ///< which pass this plan is of
+  ForwardPath forward_path = ForwardPath::rows;
+  BackwardPath backward_path = BackwardPath::two_pass;
+  bool pair_products = false;         ///< bf16 products on pairs (AVX512_BF16 or AMX)
+  bool heads_outer = false;           ///< forward: a task takes its K/V heads one after another
+  int64_t block_q = 0, block_k = 0;   ///< query rows and keys per tile
+  int64_t splits = 1;                 ///< forward: key runs merged at the end (split keys)
+  int64_t key_chunks = 1;             ///< single-pass backward: key runs per (batch, K/V head)
+  int64_t threads = 1;
+  int64_t workspace_bytes = 0;
+  std::string kernel;                 ///< e.g. fwd_bf16_avx512bf16_narrow_dot_q16k64
+  std::string describe() const;       ///< one line: kernel, path, tiles, threads, workspace
+};
+// The plans of forward() and backward() with these inputs (throws as they would).
+Plan explain_forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v);
+Plan explain_backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v);
+
 // The dropout keep mask the kernels use, for tests and references:
 // keep u8 [batch, heads_q, seqlen_q, seqlen_k] (padded to the longest sequence
 // when varlen), 1 = kept.

@@ -1275,6 +1275,57 @@ struct PairTileCache {
   }
 };
 
+// The tile routine a forward task runs: the one place the forward's path is
+// chosen, from the call, the task's mq stacked rows of each of its nh K/V
+// heads and the keys it walks (plan_forward's path is the first task's).
+struct TaskPath {
+  bool ranged = false;      ///< keys-major tiles may take tiles the ranges cut (ranges_exact)
+  bool narrow = false;      ///< narrow tiles (narrow_usable), O^T kept
+  bool keys_major = false;  ///< S^T = K Q^T tiles (narrow ones included)
+  int64_t across = 0;       ///< heads per scores_heads call (heads_across), 0: none
+  bool amx_narrow = false;  ///< AmxTiles::narrow
+  bool heads_outer = false; ///< each K/V head through all its keys in turn
+};
+
+template <typename T, typename Acc, typename Tiles>
+TaskPath task_path(const AttnParams& p, const TilePlan& plan, const Tiles& tiles, int64_t lk, int64_t mq,
+                   int64_t keys, int64_t nh) {
+  TaskPath t;
+  t.ranged = ranges_exact(p, lk);
+  t.narrow = t.ranged && narrow_usable<T, Acc, Tiles>(p, mq, keys);
+  t.keys_major = t.narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
+  if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value)
+    if (!t.keys_major) t.across = heads_across(p, plan, tiles, nh, mq);
+  if constexpr (kAmxTiles<Tiles>)
+    t.amx_narrow = t.ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p) && !p.mask.data;
+  t.heads_outer = heads_outer(p, nh);
+  (void)plan, (void)tiles;
+  return t;
+}
+
+// The path of the call's first task: batch 0's first query block, its
+// first key run (Plan::forward_path).
+template <typename T, typename Acc, typename Tiles = AccTiles<T, Acc>>
+ForwardChoice first_task_path(const AttnParams& p, const TilePlan& plan) {
+  const int64_t lk = p.len_k(0), mq = plan.group * std::max<int64_t>(1, std::min(plan.head_rows, p.len_q(0)));
+  const Tiles tiles(p, mq);
+  const TaskPath t = task_path<T, Acc, Tiles>(p, plan, tiles, lk, mq, std::min(lk, plan.split_k), plan.kv_heads);
+  ForwardChoice c;
+  c.heads_outer = t.heads_outer;
+  if constexpr (kAmxTiles<Tiles>) {
+    c.path = t.amx_narrow ? ForwardPath::amx_narrow : ForwardPath::amx;
+  } else if constexpr (kDotTiles<Tiles>) {
+    c.path = t.narrow ? ForwardPath::narrow_dot : ForwardPath::dot_rows;
+  } else {
+    c.path = t.narrow       ? ForwardPath::narrow
+             : t.keys_major ? ForwardPath::keys_major
+             : t.across     ? ForwardPath::heads_across
+             : tiles.k_in_place ? ForwardPath::whole_rows
+                                : ForwardPath::rows;
+  }
+  return c;
+}
+
 template <typename T, typename Acc, typename Tiles>
 void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk0, int64_t qb, int64_t split,
                   Slice<Acc> ws, Slice<Acc> shared) {
@@ -1317,13 +1368,10 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   // Tiles the causal or window ranges cut take keys-major scores too
   // (ranges_exact). Narrow tiles keep O^T, so a task takes them only where
   // every tile can.
-  const bool ranged = ranges_exact(p, lk);
-  const bool narrow = ranged && narrow_usable<T, Acc, Tiles>(p, mq, k_hi - k_lo);
-  const bool keys_major = narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
+  const TaskPath path = task_path<T, Acc, Tiles>(p, plan, tiles, lk, mq, k_hi - k_lo, nh);
+  const bool ranged = path.ranged, narrow = path.narrow, keys_major = path.keys_major;
   const bool keys_major_ranged = keys_major && ranged;
-  int64_t across = 0;  // heads_across, where no keys-major tile needs Q^T
-  if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value)
-    if (!keys_major) across = heads_across(p, plan, tiles, nh, mq);
+  const int64_t across = path.across;  // where no keys-major tile needs Q^T
   // Decode across heads (pv_heads, finish_row) touches only each head's mq
   // rows of o; zeroing all ms rows (64 KiB at 8 heads, d = 128) took 5% of
   // a decode call at Lk = 256 (8 heads, f32, 2 threads: 1.045x at 256, 1.025x
@@ -1337,9 +1385,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
           for (int64_t x = 0; x < kLanes; ++x)
             qt[((h0 / across * mq + r) * d + c) * kLanes + x] = q[((h0 + x % across) * mq + r) * ldq + c];
   }
-  bool amx_narrow = false;  // AmxTiles::narrow
-  if constexpr (kAmxTiles<Tiles>)
-    amx_narrow = ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p) && !p.mask.data;
+  const bool amx_narrow = path.amx_narrow;
   const int64_t amx_w = round_up(mq, kLanes);
   // Q^T per K/V head: [dqk_pad, ms] (row stride mld), or [dqk_pad, W] for narrow tiles.
   const int64_t qt_cols = narrow ? round_up(mq, kLanes) : ms, qt_ld = narrow ? qt_cols : mld;
@@ -1575,7 +1621,7 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     return tile_cut;
   };
   const auto n_at = [&](int64_t j) { return j < k_hi ? std::min(bk, k_hi - j) : int64_t{0}; };
-  if (heads_outer(p, nh)) {
+  if (path.heads_outer) {
     for (int64_t x = 0; x < nh; ++x)
       for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
         const int64_t nj = n_at(j0);

@@ -44,7 +44,17 @@ void dropout_mask_entry(const AttnParams& p, uint8_t* keep) {
     }
 }
 
+ForwardChoice forward_path_entry(const AttnParams& p, const TilePlan& plan) {
+  switch (p.dtype) {
+    case DType::f64: return first_task_path<double, double>(p, plan);
+    case DType::bf16: return first_task_path<bf16_t, float>(p, plan);
+    case DType::f16: return first_task_path<f16_t, float>(p, plan);
+    default: return first_task_path<float, float>(p, plan);
+  }
+}
+
 }  // namespace
 
 extern const KernelTable table;
-const KernelTable table = {FG_ISA_ENUM, FG_ISA_NAME, forward_entry, backward_entry, dropout_mask_entry};
+const KernelTable table = {FG_ISA_ENUM, FG_ISA_NAME, forward_entry, backward_entry, dropout_mask_entry,
+                           forward_path_entry};

@@ -65,11 +65,14 @@ void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
     avx512::table.backward(p, plan, ws);
 }
 void dropout_mask_entry(const AttnParams& p, uint8_t* keep) { avx512::table.dropout_mask(p, keep); }
+ForwardChoice forward_path_entry(const AttnParams& p, const TilePlan& plan) {
+  return amx_call(p) ? first_task_path<bf16_t, float, AmxTiles>(p, plan) : avx512::table.forward_path(p, plan);
+}
 
 }  // namespace
 
 extern const KernelTable table;
-const KernelTable table = {Isa::amx, "amx", forward_entry, backward_entry, dropout_mask_entry};
+const KernelTable table = {Isa::amx, "amx", forward_entry, backward_entry, dropout_mask_entry, forward_path_entry};
 }  // namespace flashgrad::cpu::amx
 #if defined(__clang__)
 #pragma clang attribute pop

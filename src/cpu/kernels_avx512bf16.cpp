@@ -64,11 +64,15 @@ void backward_entry(const AttnParams& p, const TilePlan& plan, void* ws) {
     avx512::table.backward(p, plan, ws);
 }
 void dropout_mask_entry(const AttnParams& p, uint8_t* keep) { avx512::table.dropout_mask(p, keep); }
+ForwardChoice forward_path_entry(const AttnParams& p, const TilePlan& plan) {
+  return dot_call(p) ? first_task_path<bf16_t, float, Bf16DotTiles>(p, plan) : avx512::table.forward_path(p, plan);
+}
 
 }  // namespace
 
 extern const KernelTable table;
-const KernelTable table = {Isa::avx512bf16, "avx512bf16", forward_entry, backward_entry, dropout_mask_entry};
+const KernelTable table = {Isa::avx512bf16, "avx512bf16", forward_entry, backward_entry, dropout_mask_entry,
+                           forward_path_entry};
 }  // namespace flashgrad::cpu::avx512bf16
 #if defined(__clang__)
 #pragma clang attribute pop
