@@ -30,7 +30,7 @@ const char* const kOverview =
     "  roofline this machine's SGEMM, bf16 GEMM and memory bandwidth\n"
     "\n"
     "`flashgrad <command> --help` lists the flags of a command.\n"
-    "FLASHGRAD_ISA=scalar|avx2|avx512 forces a SIMD path.\n";
+    "FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16|amx forces a SIMD path.\n";
 
 const std::map<std::string, std::string> kUsage = {
     {"ab",
