@@ -174,14 +174,14 @@ class _Ring:
                                      f"rank 0 ({show(ref)}), got {show(mine)} (on rank {r} of {self.world})")
         if self.sharding != "zigzag":
             return
-        for which, arg, total in ((_LQ, "q", sum(m[_LQ] for m in self.meta)),
-                                  (_LK, "k", sum(m[_LK] for m in self.meta))):
-            for r, m in enumerate(self.meta):
-                want = sum(n for _, n in shard_rows(total, r, self.world, "zigzag"))
-                if m[which] != want:
-                    raise ValueError(f"flashgrad.torch.{_FN}: argument '{arg}': expected the zigzag shard of "
-                                     f"{total} rows (seqlen_local {want}), got seqlen_local {m[which]} "
-                                     f"(on rank {r} of {self.world})")
+        for which, arg in ((_LQ, "q"), (_LK, "k")):
+            lengths = [m[which] for m in self.meta]
+            for r, n in enumerate(lengths):
+                want = sum(length for _, length in shard_rows(sum(lengths), r, self.world, "zigzag"))
+                if n != want:
+                    raise ValueError(f"flashgrad.torch.{_FN}: argument '{arg}': expected seqlen_local {want}, "
+                                     f"this rank's zigzag shard of the {sum(lengths)} rows the ranks hold "
+                                     f"(seqlen_local by rank: {lengths}), got {n} (on rank {r} of {self.world})")
 
     def rows(self, which: int, total: int) -> List[List[Tuple[int, int]]]:
         """[rank] -> the global row runs it holds, in local order."""

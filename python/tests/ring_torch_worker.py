@@ -1,0 +1,75 @@
+"""One rank of flashgrad.torch.ring_attn_func's tests (test_ring_torch.py starts the ranks).
+
+It reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so it also runs as
+    torchrun --nproc-per-node 3 python/tests/ring_torch_worker.py cases DIR
+with DIR/cases.pt written by the test. Modes:
+    cases DIR: for each case in DIR/cases.pt, this rank's shard of out, dq, dk, dv through the
+        ring (zigzag or contiguous), saved to DIR/result_<rank>.pt
+    bad DIR: calls in which one rank's input is bad; every rank records the error it got in
+        DIR/errors_<rank>.pt, then a good call shows the group still works
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import flashgrad.torch as ft
+from flashgrad.ring import shard
+
+
+def run_cases(rank: int, world: int, folder: str) -> None:
+    cases = torch.load(os.path.join(folder, "cases.pt"))
+    results = []
+    for c in cases:
+        sh = c["sharding"]
+        q, k, v = (shard(c[n], rank, world, sh).requires_grad_() for n in ("q", "k", "v"))
+        out = ft.ring_attn_func(q, k, v, causal=c["causal"], window_size=c["window_size"], sharding=sh)
+        out.backward(shard(c["dout"], rank, world, sh))
+        results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad})
+    torch.save(results, os.path.join(folder, f"result_{rank}.pt"))
+
+
+def run_bad(rank: int, world: int, folder: str) -> None:
+    bad = world - 1
+    B, L, H, HKV, D = 1, 8 * world, 4, 2, 16
+    q, k, v = (torch.randn(B, L, h, D) for h in (H, HKV, HKV))
+    ql, kl, vl = (shard(x, rank, world) for x in (q, k, v))
+    calls = {
+        # The core refuses this rank's call: head_dim of k differs from q's.
+        "head_dim": (ql, kl[..., :8] if rank == bad else kl, vl),
+        # Each rank is fine alone, but the ranks disagree on heads_kv.
+        "heads_kv": (ql, torch.cat([kl, kl], 2) if rank == bad else kl,
+                     torch.cat([vl, vl], 2) if rank == bad else vl),
+        # One row too many for this rank's zigzag shard.
+        "seqlen": (torch.cat([ql, ql[:, :1]], 1) if rank == bad else ql, kl, vl),
+        # Not a tensor at all.
+        "type": (ql.tolist() if rank == bad else ql, kl, vl),
+    }
+    errors = {}
+    for name, (a, b, c) in calls.items():
+        try:
+            ft.ring_attn_func(a, b, c, causal=True)
+            errors[name] = None
+        except (TypeError, ValueError) as e:
+            errors[name] = (type(e).__name__, str(e))
+    out = ft.ring_attn_func(ql, kl, vl, causal=True)  # the group is still in step
+    errors["after"] = out.shape == ql.shape
+    torch.save(errors, os.path.join(folder, f"errors_{rank}.pt"))
+
+
+def main() -> None:
+    mode, folder = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    ft.set_num_threads(1)  # ranks share the machine's cores
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    try:
+        (run_cases if mode == "cases" else run_bad)(rank, world, folder)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
