@@ -1,12 +1,13 @@
 """One rank of flashgrad.torch.ring_attn_func's tests (test_ring_torch.py starts the ranks).
 
 It reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so it also runs as
-    torchrun --nproc-per-node 3 python/tests/ring_torch_worker.py cases DIR
-with DIR/cases.pt written by the test. Modes:
-    cases DIR: for each case in DIR/cases.pt, this rank's shard of out, dq, dk, dv through the
-        ring (zigzag or contiguous), saved to DIR/result_<rank>.pt
-    bad DIR: calls in which one rank's input is bad; every rank records the error it got in
-        DIR/errors_<rank>.pt, then a good call shows the group still works
+    torchrun --nproc-per-node 4 python/tests/ring_torch_worker.py DIR
+with DIR/cases.pt written by the test. Four processes make rings of 1 to 4 ranks at once: the
+groups [3], [0, 2], [1, 2, 3] and the default group (group=None).
+  - For each case in DIR/cases.pt, each rank of each ring saves its shard of out, dq, dk, dv
+    to DIR/result_<W>_<group rank>.pt.
+  - In the ring [1, 2, 3], calls in which one rank's input is bad: every rank records the
+    error it got in DIR/errors_<group rank>.pt, then a good call shows the group still works.
 """
 import os
 import sys
@@ -18,19 +19,24 @@ import flashgrad.torch as ft
 from flashgrad.ring import shard
 
 
-def run_cases(rank: int, world: int, folder: str) -> None:
+RINGS = {1: [3], 2: [0, 2], 3: [1, 2, 3], 4: None}
+
+
+def run_cases(group, folder: str) -> None:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     cases = torch.load(os.path.join(folder, "cases.pt"))
     results = []
     for c in cases:
         sh = c["sharding"]
         q, k, v = (shard(c[n], rank, world, sh).requires_grad_() for n in ("q", "k", "v"))
-        out = ft.ring_attn_func(q, k, v, causal=c["causal"], window_size=c["window_size"], sharding=sh)
+        out = ft.ring_attn_func(q, k, v, group, causal=c["causal"], window_size=c["window_size"], sharding=sh)
         out.backward(shard(c["dout"], rank, world, sh))
         results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad})
-    torch.save(results, os.path.join(folder, f"result_{rank}.pt"))
+    torch.save(results, os.path.join(folder, f"result_{world}_{rank}.pt"))
 
 
-def run_bad(rank: int, world: int, folder: str) -> None:
+def run_bad(group, folder: str) -> None:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     bad = world - 1
     B, L, H, HKV, D = 1, 8 * world, 4, 2, 16
     q, k, v = (torch.randn(B, L, h, D) for h in (H, HKV, HKV))
@@ -49,24 +55,31 @@ def run_bad(rank: int, world: int, folder: str) -> None:
     errors = {}
     for name, (a, b, c) in calls.items():
         try:
-            ft.ring_attn_func(a, b, c, causal=True)
+            ft.ring_attn_func(a, b, c, group, causal=True)
             errors[name] = None
         except (TypeError, ValueError) as e:
             errors[name] = (type(e).__name__, str(e))
-    out = ft.ring_attn_func(ql, kl, vl, causal=True)  # the group is still in step
+    out = ft.ring_attn_func(ql, kl, vl, group, causal=True)  # the group is still in step
     errors["after"] = out.shape == ql.shape
     torch.save(errors, os.path.join(folder, f"errors_{rank}.pt"))
 
 
 def main() -> None:
-    mode, folder = sys.argv[1], sys.argv[2]
+    folder = sys.argv[1]
     torch.set_num_threads(1)
     ft.set_num_threads(1)  # ranks share the machine's cores
     dist.init_process_group("gloo", init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    assert dist.get_world_size() == 4, "ring_torch_worker.py runs on 4 processes"
     torch.manual_seed(0)
     try:
-        (run_cases if mode == "cases" else run_bad)(rank, world, folder)
+        # Every process creates every group, in the same order (new_group is collective).
+        groups = {w: None if ranks is None else dist.new_group(ranks) for w, ranks in RINGS.items()}
+        me = dist.get_rank()
+        for w, ranks in RINGS.items():
+            if ranks is None or me in ranks:
+                run_cases(groups[w], folder)
+        if me in RINGS[3]:
+            run_bad(groups[3], folder)
     finally:
         dist.destroy_process_group()
 

@@ -1,14 +1,16 @@
 """flashgrad.torch.ring_attn_func over torch.distributed (gloo on 127.0.0.1), with 1 to 4 ranks.
 
-Each test starts its ranks as processes (ring_torch_worker.py, with torchrun's environment
-variables), reassembles their shards and applies flash-attn's rule on the whole sequence:
-err(ring) <= 2 * err(math path in the same precision) + rounding noise, against float64.
-One process's flash_attn_func on the whole sequence is measured beside it (in the message).
+One launch of 4 processes (ring_torch_worker.py, with torchrun's environment variables) runs
+rings of 1, 2, 3 and 4 ranks, in process groups and the default group. The tests reassemble
+each ring's shards and apply flash-attn's rule on the whole sequence: err(ring) <= 2 *
+err(math path in the same precision) + rounding noise, against float64. One process's
+flash_attn_func on the whole sequence is measured beside it (in the message).
 """
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -36,7 +38,7 @@ CASES = [
 ]
 
 
-def launch(world: int, mode: str, folder) -> None:
+def launch(world: int, folder) -> None:
     """Runs world ranks of the worker; fails (after killing them) if any hangs or fails."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,11 +49,12 @@ def launch(world: int, mode: str, folder) -> None:
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         log = open(folder / f"log_{rank}.txt", "w+")
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, WORKER, mode, str(folder)], env=env,
+        procs.append(subprocess.Popen([sys.executable, WORKER, str(folder)], env=env,
                                       stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + TIMEOUT_S
     try:
         for p in procs:
-            p.wait(timeout=TIMEOUT_S)
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
     except subprocess.TimeoutExpired:
         pass
     hung = [r for r, p in enumerate(procs) if p.poll() is None]
@@ -105,12 +108,21 @@ def check_case(c, got):
         assert_rule(name, got[n], path, refs[n], dtype, cancel.get(n, 0.0))
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_ring_matches_the_rule(world, tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The cases and the folder the 4 processes wrote their results to."""
+    folder = tmp_path_factory.mktemp("ring_torch")
+    torch.manual_seed(0)
     cases = make_cases()
-    torch.save(cases, tmp_path / "cases.pt")
-    launch(world, "cases", tmp_path)
-    shards = [torch.load(tmp_path / f"result_{r}.pt") for r in range(world)]
+    torch.save(cases, folder / "cases.pt")
+    launch(4, folder)
+    return cases, folder
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ring_matches_the_rule(world, run):
+    cases, folder = run
+    shards = [torch.load(folder / f"result_{world}_{r}.pt") for r in range(world)]
     for i, c in enumerate(cases):
         got = {n: unshard([shards[r][i][n] for r in range(world)], world, c["sharding"])
                for n in ("out", "dq", "dk", "dv")}
@@ -119,10 +131,9 @@ def test_ring_matches_the_rule(world, tmp_path):
         check_case(c, got)
 
 
-def test_bad_input_on_one_rank_raises_on_every_rank(tmp_path):
-    world = 3
-    launch(world, "bad", tmp_path)
-    errors = [torch.load(tmp_path / f"errors_{r}.pt") for r in range(world)]
+def test_bad_input_on_one_rank_raises_on_every_rank(run):
+    world, folder = 3, run[1]
+    errors = [torch.load(folder / f"errors_{r}.pt") for r in range(world)]
     where = f"(on rank {world - 1} of {world})"
     expect = {"head_dim": ("ValueError", "argument 'k'"),
               "heads_kv": ("ValueError", "expected the same heads_kv as rank 0 (2), got 4"),

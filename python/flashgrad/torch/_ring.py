@@ -87,7 +87,8 @@ class _Ring:
         box = [(self.error.cls.__name__, self.error.message) if self.error else None]
         dist.broadcast_object_list(box, src=self.peer(src), group=self.group)
         name, message = box[0]
-        cls = {"TypeError": TypeError, "MemoryError": MemoryError, "RuntimeError": RuntimeError}.get(name, ValueError)
+        cls = {"TypeError": TypeError, "MemoryError": MemoryError, "RuntimeError": RuntimeError}
+        cls = cls.get(name, ValueError)
         raise cls(f"{message} (on rank {src} of {self.world})")
 
     def guarded(self, f) -> None:
@@ -179,9 +180,10 @@ class _Ring:
             for r, n in enumerate(lengths):
                 want = sum(length for _, length in shard_rows(sum(lengths), r, self.world, "zigzag"))
                 if n != want:
-                    raise ValueError(f"flashgrad.torch.{_FN}: argument '{arg}': expected seqlen_local {want}, "
-                                     f"this rank's zigzag shard of the {sum(lengths)} rows the ranks hold "
-                                     f"(seqlen_local by rank: {lengths}), got {n} (on rank {r} of {self.world})")
+                    raise ValueError(
+                        f"flashgrad.torch.{_FN}: argument '{arg}': expected seqlen_local {want}, this rank's "
+                        f"zigzag shard of the {sum(lengths)} rows the ranks hold (seqlen_local by rank: "
+                        f"{lengths}), got {n} (on rank {r} of {self.world})")
 
     def rows(self, which: int, total: int) -> List[List[Tuple[int, int]]]:
         """[rank] -> the global row runs it holds, in local order."""
@@ -228,12 +230,34 @@ class _Ring:
         n = self.batch * self.k_len[src] * self.heads_kv
         return n * self.d, n * self.dv
 
-    def kv_views(self, buf: torch.Tensor, src: int):
-        """The K and V blocks of rank src in a travelling byte buffer."""
+    def split(self, flat: torch.Tensor, src: int):
+        """The K-shaped and V-shaped parts of a flat buffer that holds rank src's block."""
         nk, nv = self.kv_elems(src)
-        flat = buf.view(self.dtype)
         shape = (self.batch, self.k_len[src], self.heads_kv)
         return flat[:nk].view(shape + (self.d,)), flat[nk:nk + nv].view(shape + (self.dv,))
+
+    def kv_views(self, buf: torch.Tensor, src: int):
+        """The K and V blocks of rank src in a travelling byte buffer."""
+        return self.split(buf.view(self.dtype), src)
+
+    def own_kv(self, k, v) -> List[torch.Tensor]:
+        """The two travelling byte buffers, this rank's own block in the first."""
+        most = max(self.elems(r) for r in range(self.world)) * _esize(self.dtype)
+        kv = [torch.empty(most, dtype=torch.uint8) for _ in range(2)]
+        kb, vb = self.kv_views(kv[0], self.rank)
+        kb.copy_(k)
+        vb.copy_(v)
+        return kv
+
+    def allocate(self, make):
+        """Collective: make()'s buffers on every rank, or every rank raises the first failure."""
+        box = [None]
+
+        def run():
+            box[0] = make()
+        self.guarded(run)
+        self.agree()
+        return box[0]
 
     def elems(self, src: int) -> int:
         """Elements of rank src's K/V block (or dK/dV accumulator); 1 for an empty one, so that
@@ -246,14 +270,14 @@ class _Ring:
         return [dist.irecv(recv, src=self.peer(prv), group=self.group, tag=tag),
                 dist.isend(send, dst=self.peer(nxt), group=self.group, tag=tag)]
 
-    def pass_on(self, step: int, bufs: List[torch.Tensor], cur: int, src: int, tag: int) -> list:
-        """Block src's buffer bufs[cur] goes to the next rank while bufs[1 - cur] receives the
-        previous rank's, block src - 1 (nothing after the last step). Byte or element buffers."""
+    def pass_kv(self, step: int, kv: List[torch.Tensor], cur: int, src: int) -> list:
+        """Block src (bytes in kv[cur]) goes to the next rank while kv[1 - cur] receives the
+        previous rank's, block src - 1; nothing after the last step."""
         if step + 1 >= self.world:
             return []
-        scale = _esize(self.dtype) if bufs[cur].dtype == torch.uint8 else 1
-        nxt = (src - 1) % self.world
-        return self.exchange(bufs[cur][:self.elems(src) * scale], bufs[1 - cur][:self.elems(nxt) * scale], tag)
+        size = _esize(self.dtype)
+        return self.exchange(kv[cur][:self.elems(src) * size],
+                             kv[1 - cur][:self.elems((src - 1) % self.world) * size], _TAG_KV)
 
 
 def _esize(dtype: torch.dtype) -> int:
@@ -277,25 +301,13 @@ def _ring_forward(R: _Ring, q, k, v):
     """This rank's (out in q's dtype, lse in f32/f64) of the global attention."""
     B, Lq, Hq, dv = q.shape[0], q.shape[1], q.shape[2], v.shape[3]
     acc = _acc_dtype(q.dtype)
-    state = {}
-
-    def setup():
-        state["o"] = torch.zeros(B, Lq, Hq, dv, dtype=acc)
-        state["lse"] = torch.full((B, Hq, Lq), -math.inf, dtype=acc)
-        state["o_part"] = torch.empty(B, Lq, Hq, dv, dtype=acc)
-        state["lse_part"] = torch.empty(B, Hq, Lq, dtype=acc)
-        most = max(R.elems(r) for r in range(R.world)) * _esize(q.dtype)
-        state["kv"] = [torch.empty(most, dtype=torch.uint8) for _ in range(2)]
-        kb, vb = R.kv_views(state["kv"][0], R.rank)
-        kb.copy_(k)
-        vb.copy_(v)
-    R.guarded(setup)
-    R.agree()
-    o, lse, o_part, lse_part, kv = (state[n] for n in ("o", "lse", "o_part", "lse_part", "kv"))
+    o, lse, o_part, lse_part, kv = R.allocate(lambda: (
+        torch.zeros(B, Lq, Hq, dv, dtype=acc), torch.full((B, Hq, Lq), -math.inf, dtype=acc),
+        torch.empty(B, Lq, Hq, dv, dtype=acc), torch.empty(B, Hq, Lq, dtype=acc), R.own_kv(k, v)))
     cur = 0
     for step in range(R.world):
         src = (R.rank - step) % R.world
-        works = R.pass_on(step, kv, cur, src, _TAG_KV)
+        works = R.pass_kv(step, kv, cur, src)
 
         def compute():
             kb, vb = R.kv_views(kv[cur], src)
@@ -304,7 +316,8 @@ def _ring_forward(R: _Ring, q, k, v):
                 op, lp = _rows(o_part, 1, lq0, nq), _rows(lse_part, 2, lq0, nq)
                 _core.forward(_rows(q, 1, lq0, nq), _rows(kb, 1, lk0, nk), _rows(vb, 1, lk0, nk), out=op,
                               lse=lp, block=R.block(p), **R.opts)
-                _core.merge(_rows(o, 1, lq0, nq), _rows(lse, 2, lq0, nq), op, lp, num_threads=R.opts["num_threads"])
+                _core.merge(_rows(o, 1, lq0, nq), _rows(lse, 2, lq0, nq), op, lp,
+                            num_threads=R.opts["num_threads"])
         R.guarded(compute)
         _wait(works)
         cur = 1 - cur
@@ -312,51 +325,58 @@ def _ring_forward(R: _Ring, q, k, v):
     return o.to(q.dtype), lse
 
 
+class _Accumulators:
+    """The dK/dV accumulators (f32, f64 for f64) of the K/V blocks: each follows its block one
+    step behind, every rank adds its part, and after W steps it reaches the block's owner."""
+
+    def __init__(self, R: _Ring, size: int, dtype: torch.dtype):
+        self.R, self.cur, self.recv, self.send = R, 0, [], []
+        self.bufs = [torch.zeros(size, dtype=dtype) for _ in range(2)]
+
+    def add_and_pass(self, step: int, src: int, part: torch.Tensor) -> None:
+        """Block src's accumulator arrives from the rank that held it last step (none at step
+        0); this rank adds its part and sends it to the next rank."""
+        R, n = self.R, self.R.elems(src)
+        travelling = self.bufs[self.cur][:n]
+        _wait(self.recv)
+        if step == 0:
+            travelling.copy_(part[:n])
+        else:
+            travelling.add_(part[:n])
+        if R.world > 1:
+            _wait(self.send)  # the other buffer is free again
+            other = 1 - self.cur
+            works = R.exchange(travelling, self.bufs[other][:R.elems((src - 1) % R.world)], _TAG_ACC)
+            self.recv, self.send, self.cur = works[:1], works[1:], other
+
+    def home(self) -> torch.Tensor:
+        """After the last step: this rank's own block's accumulator."""
+        _wait(self.recv)
+        _wait(self.send)
+        return self.bufs[self.cur]
+
+
 def _ring_backward(R: _Ring, q, k, v, out, lse, dout):
-    """This rank's (dq, dk, dv) in q's dtype."""
+    """This rank's (dq, dk, dv) in q's dtype; out and lse are those _ring_forward returned."""
     B, Lq, Hq, d = q.shape
-    Hkv, dv = k.shape[2], v.shape[3]
     acc = _acc_dtype(q.dtype)
-    most = max(R.elems(r) for r in range(R.world))
-    Kmax = max(R.k_len)
-    state = {}
-
-    def setup():
-        state["dq"] = torch.zeros(B, Lq, Hq, d, dtype=acc)
-        state["dq_part"] = torch.empty(B, Lq, Hq, d, dtype=acc)
-        state["dk_part"] = torch.empty(B, Kmax, Hkv, d, dtype=acc)
-        state["dv_part"] = torch.empty(B, Kmax, Hkv, dv, dtype=acc)
-        state["kv"] = [torch.empty(most * _esize(q.dtype), dtype=torch.uint8) for _ in range(2)]
-        # [0]: this step's part of the block's dK/dV; [1], [2]: the travelling accumulators.
-        state["acc"] = [torch.zeros(most, dtype=acc) for _ in range(3)]
-        kb, vb = R.kv_views(state["kv"][0], R.rank)
-        kb.copy_(k)
-        vb.copy_(v)
-    R.guarded(setup)
-    R.agree()
-    dq, dq_part, dk_part, dv_part, kv, bufs = (state[n] for n in ("dq", "dq_part", "dk_part", "dv_part", "kv", "acc"))
-
-    def acc_views(buf, src):
-        nk, nv = R.kv_elems(src)
-        shape = (B, R.k_len[src], Hkv)
-        return buf[:nk].view(shape + (d,)), buf[nk:nk + nv].view(shape + (dv,))
-
-    cur, a_cur = 0, 1
-    acc_recv, acc_send = [], []
+    most, k_max = max(R.elems(r) for r in range(R.world)), max(R.k_len)
+    dq, dq_part, dk_part, dv_part, part, kv, travel = R.allocate(lambda: (
+        torch.zeros(B, Lq, Hq, d, dtype=acc), torch.empty(B, Lq, Hq, d, dtype=acc),
+        torch.empty(B, k_max, R.heads_kv, d, dtype=acc), torch.empty(B, k_max, R.heads_kv, R.dv, dtype=acc),
+        torch.empty(most, dtype=acc), R.own_kv(k, v), _Accumulators(R, most, acc)))
+    cur = 0
     for step in range(R.world):
         src = (R.rank - step) % R.world
-        kv_works = R.pass_on(step, kv, cur, src, _TAG_KV)
-        n = R.elems(src)
+        works = R.pass_kv(step, kv, cur, src)
 
         def compute():
-            part = bufs[0][:n]
             part.zero_()
             kb, vb = R.kv_views(kv[cur], src)
-            ck, cv = acc_views(bufs[0], src)
+            ck, cv = R.split(part, src)
             for p in R.pairs(src):
                 lq0, nq, lk0, nk = p[0], p[2], p[3], p[5]
-                pq = _rows(dq_part, 1, lq0, nq)
-                pk, pv = _rows(dk_part, 1, 0, nk), _rows(dv_part, 1, 0, nk)
+                pq, pk, pv = _rows(dq_part, 1, lq0, nq), _rows(dk_part, 1, 0, nk), _rows(dv_part, 1, 0, nk)
                 _core.backward(_rows(q, 1, lq0, nq), _rows(kb, 1, lk0, nk), _rows(vb, 1, lk0, nk),
                                _rows(out, 1, lq0, nq), _rows(lse, 2, lq0, nq), _rows(dout, 1, lq0, nq),
                                dq=pq, dk=pk, dv=pv, block=R.block(p), **R.opts)
@@ -364,27 +384,12 @@ def _ring_backward(R: _Ring, q, k, v, out, lse, dout):
                 _rows(ck, 1, lk0, nk).add_(pk)
                 _rows(cv, 1, lk0, nk).add_(pv)
         R.guarded(compute)
-        # Block src's accumulator arrives from the rank that held it last step (none at step 0);
-        # this rank adds its part and passes it on. After the last step the next rank owns it.
-        travelling = bufs[a_cur][:n]
-        _wait(acc_recv)
-        if step == 0:
-            travelling.copy_(bufs[0][:n])
-        else:
-            travelling.add_(bufs[0][:n])
-        if R.world > 1:
-            _wait(acc_send)
-            other = 3 - a_cur
-            works = R.exchange(travelling, bufs[other][:R.elems((src - 1) % R.world)], _TAG_ACC)
-            acc_recv, acc_send = works[:1], works[1:]
-            a_cur = other
-        _wait(kv_works)
+        travel.add_and_pass(step, src, part)
+        _wait(works)
         cur = 1 - cur
-    _wait(acc_recv)
-    _wait(acc_send)
+    dk, dv = R.split(travel.home(), R.rank)
     R.agree()
-    dk, dv_ = acc_views(bufs[a_cur], R.rank)
-    return dq.to(q.dtype), dk.to(q.dtype), dv_.to(q.dtype)
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
