@@ -11,6 +11,7 @@ Every rank holds its zigzag shard of one [1, L, H, d] sequence. Reported on rank
 alone, with T threads (meant for W = 1).
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -76,12 +77,14 @@ def main():
     def fwd_bwd():
         ft.ring_attn_func(ql, kl, vl, causal=causal).backward(dl)
 
+    load = os.getloadavg()[0]
     t_f, t_fb = timed(fwd, a.repeats), timed(fwd_bwd, a.repeats)
     flops = 4 * a.seqlen * a.seqlen * a.heads * a.head_dim / (2 if causal else 1)
     if rank == 0:
         print(f"ring_attn_func W={world} threads={a.threads} L={a.seqlen} H={a.heads}/{hkv} d={a.head_dim} "
               f"{a.dtype} causal={causal}: forward {1e3 * t_f:.0f} ms ({flops / t_f / 1e9:.0f} GFLOP/s), "
-              f"forward+backward {1e3 * t_fb:.0f} ms ({3.5 * flops / t_fb / 1e9:.0f} GFLOP/s), all ranks")
+              f"forward+backward {1e3 * t_fb:.0f} ms ({3.5 * flops / t_fb / 1e9:.0f} GFLOP/s), all ranks; "
+              f"1-minute load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
         if a.single:
             qs, ks, vs = (x.clone().requires_grad_() for x in (q, k, v))
 
