@@ -129,6 +129,7 @@ def test_ring_matches_the_rule(world, run):
         for n, like in (("out", "dout"), ("dq", "q"), ("dk", "k"), ("dv", "v")):
             assert got[n].shape == c[like].shape and got[n].dtype == c[like].dtype, n
         check_case(c, got)
+    assert all(s[-1]["repeat_bitwise"] for s in shards), "a second identical call differs"
 
 
 def test_bad_input_on_one_rank_raises_on_every_rank(run):
