@@ -46,21 +46,24 @@ def run_bad(group, folder: str) -> None:
     B, L, H, HKV, D = 1, 8 * world, 4, 2, 16
     q, k, v = (torch.randn(B, L, h, D) for h in (H, HKV, HKV))
     ql, kl, vl = (shard(x, rank, world) for x in (q, k, v))
+    mine = rank == bad
     calls = {
         # The core refuses this rank's call: head_dim of k differs from q's.
-        "head_dim": (ql, kl[..., :8] if rank == bad else kl, vl),
+        "head_dim": ((ql, kl[..., :8] if mine else kl, vl), {}),
         # Each rank is fine alone, but the ranks disagree on heads_kv.
-        "heads_kv": (ql, torch.cat([kl, kl], 2) if rank == bad else kl,
-                     torch.cat([vl, vl], 2) if rank == bad else vl),
+        "heads_kv": ((ql, torch.cat([kl, kl], 2) if mine else kl, torch.cat([vl, vl], 2) if mine else vl), {}),
         # One row too many for this rank's zigzag shard.
-        "seqlen": (torch.cat([ql, ql[:, :1]], 1) if rank == bad else ql, kl, vl),
+        "seqlen": ((torch.cat([ql, ql[:, :1]], 1) if mine else ql, kl, vl), {}),
         # Not a tensor at all.
-        "type": (ql.tolist() if rank == bad else ql, kl, vl),
+        "type": ((ql.tolist() if mine else ql, kl, vl), {}),
+        # Options: one refused by the Python layer, one that differs between ranks.
+        "softmax_scale": ((ql, kl, vl), {"softmax_scale": -1.0 if mine else None}),
+        "causal": ((ql, kl, vl), {"causal": not mine}),
     }
     errors = {}
-    for name, (a, b, c) in calls.items():
+    for name, (args, kw) in calls.items():
         try:
-            ft.ring_attn_func(a, b, c, group, causal=True)
+            ft.ring_attn_func(*args, group, **dict({"causal": True}, **kw))
             errors[name] = None
         except (TypeError, ValueError) as e:
             errors[name] = (type(e).__name__, str(e))

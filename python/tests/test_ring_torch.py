@@ -142,7 +142,9 @@ def test_bad_input_on_one_rank_raises_on_every_rank(run):
               "seqlen": ("ValueError", "argument 'q': expected seqlen_local 9, this rank's zigzag shard of "
                                        "the 25 rows the ranks hold (seqlen_local by rank: [8, 8, 9]), got 8 "
                                        "(on rank 0 of 3)"),
-              "type": ("TypeError", "argument 'q': expected a torch.Tensor, got list")}
+              "type": ("TypeError", "argument 'q': expected a torch.Tensor, got list"),
+              "softmax_scale": ("ValueError", "argument 'softmax_scale': expected a finite value > 0"),
+              "causal": ("ValueError", "argument 'causal': expected the same causal as rank 0 (1), got 0")}
     for name, (cls, text) in expect.items():
         got = [e[name] for e in errors]
         assert all(g == got[0] for g in got), f"{name}: ranks disagree: {got}"

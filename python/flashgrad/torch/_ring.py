@@ -18,6 +18,7 @@ errors, so a bad input on one rank raises the same error on every rank instead o
 from __future__ import annotations
 
 import math
+import re
 import struct
 from typing import List, Optional, Tuple
 
@@ -134,8 +135,8 @@ class _Ring:
         try:  # the library's own validation of this rank's call (shapes, dtypes, head dims, alibi)
             _core.forward_workspace_bytes(q, k, v, **o)
         except (TypeError, ValueError) as e:
-            raise _Failure(type(e), str(e).replace("flashgrad::forward_workspace_bytes:",
-                                                   f"flashgrad.torch.{_FN}:", 1)) from None
+            message = re.sub(r"^flashgrad(::|\.)forward_workspace_bytes:", f"flashgrad.torch.{_FN}:", str(e))
+            raise _Failure(type(e), message) from None
         scale = o["softmax_scale"] or 1.0 / math.sqrt(q.shape[3])
         sig = [q.shape[0], q.shape[2], k.shape[2], q.shape[3], v.shape[3], _DTYPES.index(q.dtype),
                int(o["causal"]), o["window_size"][0], o["window_size"][1], _bits(o["softcap"]), _bits(scale),
