@@ -7,7 +7,7 @@ include(CMakePackageConfigHelpers)
 
 set(FLASHGRAD_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashgrad)
 
-install(FILES include/flashgrad/flashgrad.h include/flashgrad/flashgrad.hpp
+install(FILES include/flashgrad/flashgrad.h include/flashgrad/flashgrad.hpp include/flashgrad/shard.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashgrad COMPONENT dev)
 install(TARGETS flashgrad EXPORT flashgrad-targets COMPONENT dev
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -21,6 +21,7 @@ from ._core import (
     forward_workspace_bytes,
     isa,
     max_threads,
+    merge,
 )
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "dropout_keep_mask",
     "forward_workspace_bytes",
     "backward_workspace_bytes",
+    "merge",
     "isa",
     "max_threads",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "dropout_keep_mask",
     "forward_workspace_bytes",
     "backward_workspace_bytes",
+    "merge",
     "isa",
     "max_threads",
 ]
@@ -69,7 +70,7 @@ def _empty(like: Any, shape: Sequence[int], dtype: str, fn: str, arg: str) -> An
 
 
 def _options(fn: str, softmax_scale, causal, window_size, softcap, alibi_slopes, bias, mask, sinks,
-             cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads) -> dict:
+             cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads, block=None) -> dict:
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"flashgrad.{fn}: argument 'softmax_scale': expected a float or None, "
@@ -105,7 +106,22 @@ def _options(fn: str, softmax_scale, causal, window_size, softcap, alibi_slopes,
         "seed": seed,
         "offset": offset,
         "num_threads": int(num_threads),
+        "block": _block(fn, block),
     }
+
+
+def _block(fn: str, block):
+    """None, or block's four ints (q_offset, k_offset, seqlen_q_total, seqlen_k_total)."""
+    if block is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in block)
+        if len(vals) != 4 or any(isinstance(x, bool) or int(x) != x for x in block):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise TypeError(f"flashgrad.{fn}: argument 'block': expected 4 ints (q_offset, k_offset, "
+                        f"seqlen_q_total, seqlen_k_total) or None, got {block!r}") from None
+    return vals
 
 
 def _shapes(fn: str, q, v, varlen: bool):
@@ -128,7 +144,7 @@ def forward(q, k, v, *, out=None, lse=None, softmax_scale: Optional[float] = Non
             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
             alibi_slopes=None, bias=None, mask=None, sinks=None, cu_seqlens_q=None,
             cu_seqlens_k=None, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
-            num_threads: int = 0):
+            num_threads: int = 0, block=None):
     """Exact attention forward: returns (out, lse).
 
     For every batch b and query head h (key/value head h // (heads_q // heads_kv))::
@@ -160,6 +176,11 @@ def forward(q, k, v, *, out=None, lse=None, softmax_scale: Optional[float] = Non
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of packed variable-length sequences.
         dropout_p, seed, offset: dropout probability and its counter-based RNG key.
         num_threads: 0 = all cores. Results are bitwise identical for any value.
+        block: (q_offset, k_offset, seqlen_q_total, seqlen_k_total) makes the call one block of a
+            longer attention (ring attention, chunked prefill): query i is global row q_offset + i
+            of seqlen_q_total and key j is global key k_offset + j of seqlen_k_total, so causal,
+            window, ALiBi and dropout act as on the whole; lse is that of the block's keys alone,
+            and merge() combines blocks. Not with cu_seqlens.
     Return:
         (out, lse). A masked row (no visible key) has out = 0 and lse = -inf (sinks[h] with sinks).
     Raises:
@@ -168,7 +189,7 @@ def forward(q, k, v, *, out=None, lse=None, softmax_scale: Optional[float] = Non
     """
     fn = "forward"
     opts = _options(fn, softmax_scale, causal, window_size, softcap, alibi_slopes, bias, mask, sinks,
-                    cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads)
+                    cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads, block)
     q, k, v = _arr(q), _arr(k), _arr(v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     out_shape, lse_shape, qdt, acc = _shapes(fn, q, v, varlen)
@@ -193,7 +214,8 @@ def backward(q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, dsinks=None,
              return_dbias: bool = False, softmax_scale: Optional[float] = None, causal: bool = False,
              window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
              bias=None, mask=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
-             dropout_p: float = 0.0, seed: int = 0, offset: int = 0, num_threads: int = 0) -> Grads:
+             dropout_p: float = 0.0, seed: int = 0, offset: int = 0, num_threads: int = 0,
+             block=None) -> Grads:
     """Fused attention backward: gradients of sum(out * dout), returned as Grads(dq, dk, dv, dsinks, dbias).
 
     The options must be those of the forward() that produced out and lse (same dropout seed and
@@ -209,13 +231,15 @@ def backward(q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, dsinks=None,
         dbias: optional output with bias's shape, float32 (float64 allowed for float64 inputs),
             summed over bias's broadcast batch/head dims; bias must not broadcast over seqlen.
         return_dbias: allocate and compute dbias when it is not given.
+        block: as in forward(); out and lse are then the whole attention's (merged over every
+            block), so the gradients are this block's parts of the whole's, to be summed.
         Other arguments: as in forward().
     Raises:
         TypeError / ValueError with the library's message, as forward().
     """
     fn = "backward"
     opts = _options(fn, softmax_scale, causal, window_size, softcap, alibi_slopes, bias, mask, sinks,
-                    cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads)
+                    cu_seqlens_q, cu_seqlens_k, dropout_p, seed, offset, num_threads, block)
     q, k, v, out, lse, dout = (_arr(x) for x in (q, k, v, out, lse, dout))
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     _, _, qdt, acc = _shapes(fn, q, v, varlen)
@@ -284,6 +308,22 @@ def forward_workspace_bytes(q, k, v, **options) -> int:
 def backward_workspace_bytes(q, k, v, **options) -> int:
     """Bytes of workspace backward() allocates for these inputs and options (as forward())."""
     return _workspace("backward_workspace_bytes", _ext.backward_workspace_bytes, q, k, v, options)
+
+
+def merge(o_acc, lse_acc, o_part, lse_part, *, num_threads: int = 0) -> None:
+    """Merges the attention of the same queries over a second, disjoint set of keys into an
+    accumulator, in place::
+
+        lse     = log(exp(lse_acc) + exp(lse_part))
+        o_acc   = exp(lse_acc - lse) * o_acc + exp(lse_part - lse) * o_part;  lse_acc = lse
+
+    o_acc (batch, seqlen, heads, head_dim_v) and lse_acc (batch, heads, seqlen) are written;
+    o_part and lse_part have the same shapes. All four float32, or all four float64; any strides.
+    A part row with lse_part = -inf (it saw no key) leaves the accumulator row as it is; an
+    accumulator row at lse_acc = -inf takes the part as it is. The same rounding as the ring
+    layer and the core's split-key path (one merge function in the library).
+    """
+    _ext.merge(_arr(o_acc), _arr(lse_acc), _arr(o_part), _arr(lse_part), int(num_threads))
 
 
 def isa() -> str:

@@ -12,7 +12,9 @@ gradients back (docs/distributed.md)::
     out_local = ring_attn_func(q_local, k_local, v_local, comm, causal=True)
     out_local.backward(dout_local)                     # collective: every rank calls it
 
-Needs the package built with the MPI layer and mpi4py (``has_ring()``).
+The ring functions need the package built with the MPI layer and mpi4py
+(``has_ring()``); shard_rows, shard and unshard work in every build, and
+flashgrad.torch.ring_attn_func runs the same ring over torch.distributed.
 """
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ def _need_ring(fn: str) -> None:
 
 
 def shard_rows(seqlen: int, rank: int, world: int, sharding: str = "zigzag") -> List[Tuple[int, int]]:
-    """The (start, length) runs of global rows rank holds, in the order of its local tensor."""
-    _need_ring("shard_rows")
+    """The (start, length) runs of global rows rank holds, in the order of its local tensor.
+
+    zigzag: the sequence is cut into 2 * world chunks and rank holds chunks rank and
+    2 * world - 1 - rank (causal work balanced); contiguous: one run, the even split."""
     return [tuple(r) for r in _ext.shard_rows(sharding, int(seqlen), int(rank), int(world))]
 
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "flashgrad/flashgrad.hpp"
+#include "flashgrad/shard.hpp"
 #if FLASHGRAD_PY_MPI
 #include <mpi.h>
 #include <mpi4py/mpi4py.h>
@@ -183,6 +184,17 @@ std::optional<TensorView> opt_view(const std::string& fn, const std::string& arg
   return to_view(fn, arg, obj, writable, h);
 }
 
+// (q_offset, k_offset, seqlen_q_total, seqlen_k_total) or None -> Options::block; the
+// library checks the values against the call's lengths.
+std::optional<flashgrad::Options::Block> block_of(const std::string& fn, py::handle val) {
+  if (val.is_none()) return std::nullopt;
+  const auto t = val.cast<std::vector<int64_t>>();
+  if (t.size() != 4)
+    fail(false, fn, "block", "4 ints (q_offset, k_offset, seqlen_q_total, seqlen_k_total)",
+         std::to_string(t.size()) + " values");
+  return flashgrad::Options::Block{t[0], t[1], t[2], t[3]};
+}
+
 // The option dict -> flashgrad::Options. Unknown keys are a programming error
 // of the Python layer, reported as TypeError.
 flashgrad::Options options(const std::string& fn, const py::dict& d, Holder& h) {
@@ -207,9 +219,11 @@ flashgrad::Options options(const std::string& fn, const py::dict& d, Holder& h) 
     else if (key == "seed") o.seed = val.cast<uint64_t>();
     else if (key == "offset") o.offset = val.cast<uint64_t>();
     else if (key == "num_threads") o.num_threads = val.cast<int>();
+    else if (key == "block") o.block = block_of(fn, val);
     else fail(true, fn, key, "a known option", "an unknown keyword");
     } catch (const py::cast_error&) {
-      fail(true, fn, key, "a number or bool", std::string("an object of type ") + Py_TYPE(val.ptr())->tp_name);
+      fail(true, fn, key, key == "block" ? "a sequence of 4 ints" : "a number or bool",
+           std::string("an object of type ") + Py_TYPE(val.ptr())->tp_name);
     }
   }
   return o;
@@ -310,6 +324,27 @@ void dropout_keep_mask(const py::dict& opts, int64_t batch, int64_t heads_q, int
   run([&] { flashgrad::dropout_keep_mask(o, batch, heads_q, seqlen_q, seqlen_k, tkeep); });
 }
 
+void merge(py::handle o_acc, py::handle lse_acc, py::handle o_part, py::handle lse_part, int num_threads) {
+  Holder h;
+  const std::string fn = "merge";
+  const TensorView oa = to_view(fn, "o_acc", o_acc, true, h), la = to_view(fn, "lse_acc", lse_acc, true, h),
+                   op = to_view(fn, "o_part", o_part, false, h), lp = to_view(fn, "lse_part", lse_part, false, h);
+  run([&] { flashgrad::merge(oa, la, op, lp, num_threads); });
+}
+
+std::vector<std::pair<int64_t, int64_t>> shard_rows(const std::string& sharding, int64_t seqlen, int rank,
+                                                    int world) {
+  if (sharding != "zigzag" && sharding != "contiguous")
+    fail(false, "shard_rows", "sharding", "'zigzag' or 'contiguous'", "'" + sharding + "'");
+  std::vector<std::pair<int64_t, int64_t>> out;
+  run([&] {
+    for (const auto& r : flashgrad::shard_rows(
+             sharding == "zigzag" ? flashgrad::Sharding::zigzag : flashgrad::Sharding::contiguous, seqlen, rank, world))
+      out.emplace_back(r.start, r.length);
+  });
+  return out;
+}
+
 #if FLASHGRAD_PY_MPI
 // The MPI communicator inside an mpi4py.MPI.Comm (mpi4py's C API, imported on first use).
 MPI_Comm comm_of(const std::string& fn, py::handle comm) {
@@ -347,18 +382,6 @@ void ring_backward(const py::dict& opts, py::handle comm, const std::string& sha
                 [&](const flashgrad::Options& o, auto&&... a) { flashgrad::ring_backward(o, r, a...); });
 }
 
-std::vector<std::pair<int64_t, int64_t>> shard_rows(const std::string& sharding, int64_t seqlen, int rank,
-                                                    int world) {
-  if (sharding != "zigzag" && sharding != "contiguous")
-    fail(false, "shard_rows", "sharding", "'zigzag' or 'contiguous'", "'" + sharding + "'");
-  std::vector<std::pair<int64_t, int64_t>> out;
-  run([&] {
-    for (const auto& r : flashgrad::shard_rows(
-             sharding == "zigzag" ? flashgrad::Sharding::zigzag : flashgrad::Sharding::contiguous, seqlen, rank, world))
-      out.emplace_back(r.start, r.length);
-  });
-  return out;
-}
 #endif
 
 }  // namespace
@@ -393,6 +416,9 @@ PYBIND11_MODULE(_flashgrad, m) {
     return std::string(name);
   });
   m.def("max_threads", &flashgrad::max_threads);
+  m.def("merge", &merge, py::arg("o_acc"), py::arg("lse_acc"), py::arg("o_part"), py::arg("lse_part"),
+        py::arg("num_threads"));
+  m.def("shard_rows", &shard_rows, py::arg("sharding"), py::arg("seqlen"), py::arg("rank"), py::arg("world"));
 #if FLASHGRAD_PY_MPI
   m.attr("has_ring") = true;
   m.def("ring_forward", &ring_forward, py::arg("opts"), py::arg("comm"), py::arg("sharding"), py::arg("q"),
@@ -400,7 +426,6 @@ PYBIND11_MODULE(_flashgrad, m) {
   m.def("ring_backward", &ring_backward, py::arg("opts"), py::arg("comm"), py::arg("sharding"), py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("dsinks").none(true), py::arg("dbias").none(true));
-  m.def("shard_rows", &shard_rows, py::arg("sharding"), py::arg("seqlen"), py::arg("rank"), py::arg("world"));
 #else
   m.attr("has_ring") = false;
 #endif

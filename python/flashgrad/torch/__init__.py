@@ -13,6 +13,9 @@ seqlen_q * seqlen_k is stored.
     with route_sdpa():                                    # torch 2.x: models that call
         loss = model(x).sum()                             # F.scaled_dot_product_attention
 
+Across ranks (torch.distributed, gloo): ring_attn_func(q_local, k_local, v_local, group,
+causal=True) runs ring attention over one sequence sharded along its length (docs/distributed.md).
+
 Beyond flash-attn: sinks= (learnable per-head logits), attn_bias= (additive, differentiable) and
 attn_mask= (bool, True = attend) keywords; float64 inputs; any strides.
 
@@ -40,6 +43,7 @@ from ._flash_attn import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
+from ._ring import ring_attn_func  # noqa: E402
 from ._sdpa import scaled_dot_product_attention  # noqa: E402
 
 if hasattr(_torch.nn.functional, "scaled_dot_product_attention"):
@@ -53,6 +57,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "scaled_dot_product_attention",
+    "ring_attn_func",
     "set_num_threads",
     "get_num_threads",
     "FlashAttention",

@@ -2,7 +2,7 @@
 #include <string>
 
 #include "convert.hpp"
-#include "flashgrad/ring.hpp"
+#include "flashgrad/shard.hpp"
 
 namespace flashgrad {
 namespace {
