@@ -1,0 +1,121 @@
+// The forward's tile products on AMX-BF16 tiles (AmxTiles), with their
+// narrow tiles of 3 to 32 rows. Included by forward.inl, in order.
+
+#if FG_AMX
+// bf16 storage on AMX-BF16 tiles (kernels_amx.cpp): Bf16DotTiles' layouts,
+// both products on TDPBF16PS, whose sums differ from the f32 tiles' by
+// rounding (vec_avx512.inl), so lse does too, by about an ulp of S. The tile
+// registers are configured per task and released with it.
+struct AmxTiles : Bf16DotTiles {
+  const bool q_scaled;  // scale_on_q
+  AmxTiles(const AttnParams& p, int64_t mq) : Bf16DotTiles(p, mq), q_scaled(scale_on_q(p)) { amx_configure(); }
+  ~AmxTiles() { _tile_release(); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+  // As Bf16DotTiles, with V's pair rows zero up to the 16-pair step the P V
+  // product reads (stale rows would meet P's zeros: 0 * inf = NaN).
+  void load_kv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
+               float* kt, float* v, float* stage) {
+    load_pairs_t(p.k, b, seq0, hk, nj, p.head_dim, plan.bk_pad, plan.bk_pad, kt, stage);
+    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, round_up((nj + 1) / 2, int64_t{16}), plan.dv_pad,
+                   reinterpret_cast<uint32_t*>(v));
+  }
+  // A power-of-two scale goes on q's pairs instead of on S: the products
+  // and AMX's sums then scale exactly, and the pass over S that applied it
+  // (the first read of S after the tile stores, ~9% of a d = 64 forward's
+  // samples) goes. AmxBackward scales its q the same way, so S stays the
+  // forward's bit for bit.
+  static bool scale_on_q(const AttnParams& p) {
+    int e = 0;
+    return std::isnormal(p.scale) && std::frexp(p.scale, &e) == 0.5 && std::isnormal(static_cast<float>(p.scale));
+  }
+  // n pairs times scale, each half rounded back to bf16 (nearest even).
+  static void scale_pairs(uint32_t* w, int64_t n, float scale) {
+    for (int64_t x = 0; x < n; ++x) {
+      const uint32_t hi = w[x] & 0xffff0000u, lo = w[x] << 16;
+      float fh, fl;
+      std::memcpy(&fh, &hi, 4);
+      std::memcpy(&fl, &lo, 4);
+      w[x] = uint32_t{bf16_from(fh * scale).bits} << 16 | bf16_from(fl * scale).bits;
+    }
+  }
+  static void load_q(const Operand& q, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t d, int64_t ld,
+                     float, float* dst) {
+    Bf16DotTiles::load_q(q, b, seq0, h, n, d, ld, 1.0f, dst);
+  }
+  void scale_q(const AttnParams& p, int64_t rows, int64_t ld, float* q) const {
+    if (scale_on_q(p)) scale_pairs(reinterpret_cast<uint32_t*>(q), rows * ld, static_cast<float>(p.scale));
+  }
+  void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
+          float* s) const {
+    (void)d;
+    const int64_t lds = plan.bk_pad;
+    gemm_amx(mq, lds, plan.dqk_pad / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
+             reinterpret_cast<const uint32_t*>(kt), lds, s, lds);
+    if (!q_scaled)
+      for (int64_t x = 0; x < mq * lds; ++x) s[x] *= scale;
+  }
+  // P's columns from nj on are exp(-inf) = 0.
+  void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
+          float* pv) const {
+    const int64_t lds = plan.bk_pad;
+    for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
+    gemm_amx(mq, plan.dv_pad, round_up((nj + 1) / 2, int64_t{16}), reinterpret_cast<const uint32_t*>(s), lds,
+             reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad);
+    scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
+  }
+
+  // Narrow tiles (3 to 32 stacked query rows, w = 16 or 32 columns) keys-major:
+  //   S^T [nj, w] = K Q^T   K's rows as A where they lie (contiguous bf16
+  //                         with d a multiple of kPad; else staged), qtv =
+  //                         Q^T as pairs [dqk_pad / 2, w]
+  //   O [w, dv_pad] = O * alpha + P V   P's rows as pairs from S^T, V's rows interleaved
+  // with the softmax on S^T's columns (softmax_cols). Both operands of
+  // S^T hold pairs in memory order (the lower-indexed element low): AMX's
+  // result is the same for S and S^T and for either order within a pair
+  // (on the dev CPU, 0 of 25600 scores differed each way), so these scores
+  // are bit for bit the row path's and the backward's.
+  static bool k_in_place(const AttnParams& p, const TilePlan& plan) {
+    return p.k.dim_stride == 1 && p.head_dim == plan.dqk_pad && p.k.seq_stride % 2 == 0;
+  }
+  void narrow(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, int64_t w,
+              const uint32_t* qtv, float* stage, float* st, float* m, float* l, float* alpha, float* o, float* vp,
+              float* ptv, float* pp, const float* lo, const float* hi, int64_t j0) const {
+    const int64_t dp = plan.dqk_pad / 2, dv = plan.dv_pad;
+    const uint32_t* kr = reinterpret_cast<const uint32_t*>(stage);
+    int64_t ldk = dp;
+    if (k_in_place(p, plan)) {
+      kr = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk));
+      ldk = p.k.seq_stride / 2;
+    } else {
+      auto* sw = reinterpret_cast<uint32_t*>(stage);
+      for (int64_t r = 0; r < nj; ++r) {
+        load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, sw + r * dp);
+        for (int64_t x = 0; x < dp; ++x) sw[r * dp + x] = sw[r * dp + x] << 16 | sw[r * dp + x] >> 16;
+      }
+    }
+    gemm_amx(nj, w, dp, kr, ldk, qtv, w, st, w);
+    const float scale = static_cast<float>(p.scale);
+    if (!q_scaled)
+      for (int64_t x = 0; x < nj * w; ++x) st[x] *= scale;
+    softmax_cols(st, nj, w, w, m, l, alpha, lo, hi, static_cast<float>(j0));
+    const int64_t kp = round_up((nj + 1) / 2, int64_t{16});
+    auto* pt = reinterpret_cast<uint32_t*>(ptv);
+    for (int64_t x = 0; x < kp; ++x) {
+      if (2 * x >= nj) {
+        std::memset(pt + x * w, 0, static_cast<size_t>(w) * 4);
+        continue;
+      }
+      interleave_f32_rows(st + 2 * x * w, 2 * x + 1 < nj ? st + (2 * x + 1) * w : nullptr, w, pt + x * w);
+    }
+    transpose(kp, w, ptv, w, pp, kp);
+    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, kp, dv, reinterpret_cast<uint32_t*>(vp));
+    for (int64_t r = 0; r < w; ++r)
+      for (int64_t c = 0; c < dv; ++c) o[r * dv + c] *= alpha[r];
+    gemm_amx<true>(w, dv, kp, reinterpret_cast<const uint32_t*>(pp), kp, reinterpret_cast<const uint32_t*>(vp), dv,
+                   o, dv);
+  }
+};
+template <>
+constexpr bool kAmxTiles<AmxTiles> = true;
+#endif

@@ -1,0 +1,268 @@
+// What decides a forward task's path (task_path in forward.inl): the
+// keys-major and narrow tiles' limits, heads across and outer, and the
+// row bookkeeping every path shares (split results, finish_row). Included
+// by forward.inl, in order.
+
+// Keys-major score tiles: tiles (full, or cut by the causal and window
+// ranges or a mask; with softcap, ALiBi, bias and dropout or not) of query tiles
+// with at least kKeysMajorRows rows compute
+// S^T = scale (K Q^T), with K's rows broadcast where they lie (f32) or from
+// a converted copy, and run the online softmax on kLanes query rows at once
+// (softmax_cols): no horizontal reductions, no K^T tile, no per-row loop.
+// Each score is the same chain of FMAs over d in the same order as in
+// Q K^T, scaled as it is stored, so it is bit for bit the score the backward recomputes.
+// The other tiles take the row path.
+constexpr int64_t kKeysMajorRows = 32;
+
+// Narrow tiles: query tiles of kNarrowMinRows <= mq <= kNarrowMaxRows rows
+// (short queries beside long keys) run keys-major through both products,
+// with the query rows across the lanes of one to four vectors (width W):
+//   S^T [nj, W]  = scale (K Q^T)   K's elements broadcast where they lie
+//   O^T [dv, W]  = O^T * alpha + V^T P^T   V's elements broadcast where they lie
+// so neither K nor V is transposed or copied, and alpha scales O^T's columns.
+// A 16-row tile's products as square tiles padded to 32 columns did half
+// their FMAs on padding. Their rate hardly depends on mq (f32, d = 128, 8
+// heads, 2 threads, K+V read per second against the row path, Lk = 4096 /
+// 128k: 3 rows 20.2 / 19.6 against 25.1 / 17.4, 6 rows 19.8 / 18.5 against
+// 24.7 / 18.5, 8 rows 20.9 / 18.9 against 21.0 / 16.5, 12 rows 18.7 / 18.7
+// against 17.9 / 14.9, 16 rows 19.8 / 17.8 against 16.3 / 13.0), so fewer
+// rows keep the row path there (kNarrowMinRows, per ISA in vec_<isa>.inl).
+// On AVX2 they run to 32 rows, three and four vectors wide, where 17-31
+// rows took the row path and 32 the keys-major tiles, which copy 64-key K
+// and V tiles for so few rows (f32, d = 128, 8 heads, 2 threads, `flashgrad
+// ab`, 9 pairs, medians of the pair ratios, Lk = 16k: 20 rows 1.51x, 24
+// rows 1.52x (bf16 1.41x), 32 rows 1.38x (bf16 1.09x; causal 1.30x; 1
+// thread 1.27x; [B, H, L, d] 1.17x); 32 query heads over 4 K/V heads, Lq
+// = 4, Lk = 32k 1.21x; 32 rows, d = 64, Lk = 4096 1.26x; from cache
+// about even: 32 rows, Lk = 1024 0.99x, Lk = 512 0.97x; 24 rows, Lk = 512
+// 1.05x). Beyond 32 rows they run in chunks of 32 (narrow_chunks) up to
+// kNarrowMaxRows, each chunk through both products over the same K and V
+// rows, where the keys-major tiles copied 64-key tiles (f32, Lk = 16k,
+// same setup: 48 rows 1.26-1.33x, 64 rows 1.13x (causal 1.14x), 80 rows
+// 1.14x, 96 rows 1.05-1.06x, 128 rows even; d = 64: 48 rows 1.32x, 64
+// rows 1.26x, 96 rows 1.05x; Lk = 2048, d = 64: 48 rows 1.22x, 64 rows
+// 1.14x).
+//
+// Narrow tiles (of one vector of rows; wider ones: narrow_keys) step
+// through the keys kNarrowVecKeys at a time (per ISA, vec_<isa>.inl;
+// kNarrowKeys on the portable path, which runs none), every K/V head in
+// turn. 16 keys read each 4 KiB page of a [batch, seq, heads, dim] K or V
+// through soon after it was started: the hardware prefetchers follow
+// that, where 64 keys (with or without the next tile prefetched in
+// software) left the reads
+// waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
+// interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
+// (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
+// another series 8 keys 17.1 against 17.7 for 16). Those were AVX-512
+// numbers on an Intel host, before the products asked for the next tile.
+constexpr int64_t kNarrowKeys = 16;
+
+// Keys per narrow tile on bf16 dot products (narrow_dot_products): S^T in
+// 16-key blocks, then one softmax step and one O^T update for all of them.
+// 16 keys spent a third of the P V product's time loading, rescaling and
+// storing O^T (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
+// `flashgrad ab`, 20-60 pairs, 16 -> 64 keys: Lk = 4096 1.07x, 16k 1.06x,
+// 64k 1.05x; [b, h, s, d] 1.06x; d = 64 1.14x; Lq = 8 1.04x; 24 rows
+// even; GQA 32/8, Lq = 4, 1.02x). 32 and 128 keys measured within 3% of
+// 64. The blocks ask for the next tile's rows (kNarrowDotAhead keys on):
+// 32 keys on, into the tile itself, left the V rows of its second half
+// waiting (Lk = 4096 1.00x against 16 keys); 128 on, 0.97x at 64k.
+constexpr int64_t kNarrowDotKeys = 64;
+constexpr int64_t kNarrowDotAhead = 64;
+
+// Keys per narrow tile of w query rows (mq rounded up to kLanes): two
+// vectors of rows or more step kNarrowWideKeys at a time, one vector
+// kNarrowVecKeys (both per ISA in vec_<isa>.inl).
+inline int64_t narrow_keys(int64_t w) {
+#if FG_VEC_GEMM
+  return w >= 2 * kLanes ? kNarrowWideKeys : kNarrowVecKeys;
+#else
+  (void)w;
+  return kNarrowKeys;
+#endif
+}
+
+// Scores that the softmax alone turns into P: no softcap, ALiBi, bias or dropout.
+inline bool plain_scores(const AttnParams& p) {
+  return p.softcap == 0 && !p.alibi && !p.bias.data && p.dropout_p == 0;
+}
+
+// Whether every ALiBi distance |i + shift - j| and the positions it comes
+// from are integers f32 holds exactly (ScoreCols).
+inline bool alibi_exact(const AttnParams& p) {
+  const int64_t shift = p.in_block ? std::abs(p.block_total_k - p.block_total_q + p.block_q_offset - p.block_k_offset)
+                                   : std::max(p.seqlen_q, p.seqlen_k);
+  return shift + p.seqlen_q + p.seqlen_k < (int64_t{1} << 23);
+}
+
+template <typename T, typename Acc, typename Tiles>
+bool keys_major_tiles(const AttnParams& p) {
+#if FG_VEC_GEMM
+  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
+         (!p.alibi || alibi_exact(p));
+#else
+  (void)p;
+  return false;
+#endif
+}
+template <typename T, typename Acc, typename Tiles>
+bool keys_major_usable(const AttnParams& p, int64_t mq) {
+  return mq >= kKeysMajorRows && keys_major_tiles<T, Acc, Tiles>(p);
+}
+// Narrow tiles in more than one chunk (mq > kNarrowWidth) only for a task
+// that walks kNarrowChunkedMinKeys keys or more, where K and V come from
+// memory: from cache the keys-major tiles' products run faster (f32, d =
+// 64, 64 rows, Lk = 1024, 8 heads, 2 threads: chunks 0.89x).
+constexpr int64_t kNarrowChunkedMinKeys = 2048;
+
+// keys: how many keys the task walks.
+template <typename T, typename Acc, typename Tiles>
+bool narrow_usable(const AttnParams& p, int64_t mq, int64_t keys) {
+#if FG_VEC_GEMM
+  if constexpr (kDotTiles<Tiles>)
+    return mq >= kNarrowMinRows && mq <= std::min(kNarrowMaxRows, kNarrowWidth) && (!p.alibi || alibi_exact(p)) &&
+           p.k.dim_stride == 1 && p.v.dim_stride == 1;
+  return mq >= kNarrowMinRows && mq <= kNarrowMaxRows && (mq <= kNarrowWidth || keys >= kNarrowChunkedMinKeys) &&
+         keys_major_tiles<T, Acc, Tiles>(p);
+#else
+  (void)p, (void)mq, (void)keys;
+  return false;
+#endif
+}
+
+// Whether keys-major tiles may take the tiles that the causal and window
+// ranges or a mask cut: key indices stay exact in f32 (the ranges' cuts),
+// and a mask's -inf come with the scores (ScoreCols).
+inline bool ranges_exact(const AttnParams&, int64_t lk) { return lk < (int64_t{1} << 24); }
+
+// Whether a task walks its K/V heads one after another, each through all
+// its keys, instead of every head at each key tile: where a head's K and V
+// rows are contiguous ([batch, heads, seq, dim]), their reads then stay one
+// stream each, which the whole-row products' prefetch (AccTiles::set_ahead)
+// follows across tiles. Results are the same either way. Decode, d = 128,
+// 8 heads, Lk = 64k, alternating calls, medians, K+V GB/s, neither ->
+// both: f32 1 row 4.1 -> 4.7 (1 thread), 8.2 -> 10.9 (2 threads); 2 rows
+// 4.0 -> 7.1, 5.9 -> 8.7; bf16 1 row 2.5 -> 5.0, 5.9 -> 11.8; f32 Lk = 4096
+// 7.4 -> 8.9; narrow tiles (16 rows) 8.4 -> 8.6. The order alone measured
+// even (f32 1 row 7.3 -> 7.2); with the prefetch it added 6.3 -> 7.4 and
+// 10.6 -> 12.5.
+inline bool heads_outer(const AttnParams& p, int64_t nh) {
+  return nh > 1 && p.k.dim_stride == 1 && p.v.dim_stride == 1 && p.k.seq_stride == p.head_dim &&
+         p.v.seq_stride == p.head_dim_v;
+}
+
+// How many of a task's nh K/V heads each call of scores_heads and pv_heads
+// takes (0: none, the task goes a head at a time): where the whole-row
+// products read K and V in place and the heads' rows lie side by side
+// ([batch, seq, heads, dim]), a divisor of kLanes of at least 2 heads, and
+// at least the task's mq rows per head, so that Q's lanes (qx) fit in Q^T's
+// space. A head at a time reads 512 bytes of each 4 KiB row (8 heads, d =
+// 128, f32) per pass; a reading test over such rows on Zen 5 (2 threads)
+// read 34-38 GB/s in that order and 67-78 in memory order, where the L2
+// streamer runs ahead of the loads. Decode, d = 128, 8 heads, Lk = 64k, 2
+// threads, `flashgrad ab --pass forward`, 11 pairs, against the head at a
+// time (on avx512 against the staged K^T tiles it had before the whole
+// rows): avx512 f32 Lq = 1 1.13x, Lq = 2 1.05x, Lq = 4 0.99x, 32 query
+// heads over 8 0.99x; bf16 1.51x, 1.19x, 1.24x, 1.23x; avx2 f32 Lq = 1
+// 1.32x, Lq = 2 1.51x, 16 over 8 1.45x; bf16 1.42x, 1.53x, 1.43x.
+template <typename T, typename Acc>
+int64_t heads_across(const AttnParams& p, const TilePlan& plan, const AccTiles<T, Acc>& tiles, int64_t nh,
+                     int64_t mq) {
+#if FG_TRANSPOSE_REGS
+  if (!tiles.k_in_place || !tiles.v_in_place || mq > kWholeRows || heads_outer(p, nh)) return 0;
+  if (p.k.head_stride != p.head_dim || p.v.head_stride != p.head_dim_v || p.head_dim_v % kLanes != 0) return 0;
+  int64_t g = kLanes;  // the largest power of two dividing nh, at most kLanes
+  while (nh % g != 0) g /= 2;
+  // The lanes of a tile's scores (heads_tile) go to kt.
+  const bool lanes_fit = mq * round_up(plan.block_k, kHeadsBlocks * kLanes / g) * g <= plan.dqk_pad * plan.bk_pad;
+  return g >= 2 && g >= mq && lanes_fit ? g : 0;
+#else
+  (void)p, (void)plan, (void)tiles, (void)nh, (void)mq;
+  return 0;
+#endif
+}
+
+// Dropout's 1 / (1 - p) (1 without dropout). P's rows keep their values where
+// kept (drop_row), and this factor scales what they sum into, out and dV,
+// once per element instead of once per key, which rounded every kept P.
+template <typename Acc>
+Acc dropout_scale(const AttnParams& p) {
+  return p.dropout_p > 0 ? static_cast<Acc>(1.0 / (1.0 - p.dropout_p)) : Acc(1);
+}
+
+// lse is f32, or f64 alongside f64 storage.
+inline double lse_load(const AttnParams& p, int64_t off) {
+  return p.lse_dtype == DType::f64 ? static_cast<const double*>(p.lse.data)[off]
+                                   : static_cast<const float*>(p.lse.data)[off];
+}
+inline void lse_store(const AttnParams& p, int64_t off, double x) {
+  if (p.lse_dtype == DType::f64)
+    static_cast<double*>(p.lse.data)[off] = x;
+  else
+    static_cast<float*>(p.lse.data)[off] = static_cast<float>(x);
+}
+
+// Results (out, dq, dk, dv) hold the storage type T, or f32 when T is a 16-bit type.
+template <typename T, typename Acc>
+inline void store_result(DType dt, const Acc* src, int64_t n, void* base, int64_t off, int64_t stride,
+                         Acc mul) {
+  if (!std::is_same<T, float>::value && dt == DType::f32)
+    store_row(src, n, static_cast<float*>(base) + off, stride, mul);
+  else
+    store_row(src, n, static_cast<T*>(base) + off, stride, mul);
+}
+
+// Which (head, row) stacked row r is: head hk * group + r / mqh, row i0 + r % mqh.
+struct Stack {
+  int64_t hk, group, i0, mqh;
+  int64_t head(int64_t r) const { return hk * group + r / mqh; }
+  int64_t row(int64_t r) const { return i0 + r % mqh; }
+  int64_t rows() const { return group * mqh; }
+};
+
+// One split's result for stacked row r: out normalized over the split's keys
+// and its lse (no sink), or, without splits, the final out and lse.
+template <typename T, typename Acc>
+void finish_row(const AttnParams& p, const TilePlan& plan, Slice<Acc> shared, int64_t b, int64_t h, int64_t i,
+                int64_t split, Acc mx, Acc sum, const Acc* orow) {
+  const int64_t dv = p.head_dim_v;
+  const Acc keep_scale = dropout_scale<Acc>(p);
+  if (plan.splits > 1) {
+    const int64_t row = ((split * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
+    Acc* po = shared.at(plan.fwd.part_o) + row * dv;
+    for (int64_t c = 0; c < dv; ++c) po[c] = sum == Acc(0) ? Acc(0) : orow[c] * keep_scale / sum;
+    shared.at(plan.fwd.part_lse)[row] = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
+    return;
+  }
+  Acc ores = Acc(1);
+  if (p.sinks) {
+    // sink logit joins the denominator: rescale to the larger of the two maxima
+    const Acc sk = static_cast<Acc>(p.sinks[h * p.sinks_stride]);
+    const Acc mnew = sk > mx ? sk : mx;
+    const Acc a = exp_acc(mx - mnew);
+    sum = sum * a + exp_acc(sk - mnew);
+    ores = a;
+    mx = mnew;
+  }
+  // sum == 0 only when no key is visible: out = 0, lse = -inf (or the sink).
+  const Acc mul = sum == Acc(0) ? Acc(0) : ores * keep_scale / sum;
+  const Acc row_lse = sum == Acc(0) ? neg_inf<Acc>() : mx + std::log(sum);
+  const int64_t q = p.q_start(b) + i;
+  store_result<T>(p.out_dtype, orow, dv, p.out.data, row_offset(p.out, b, q, h), p.out.dim_stride, mul);
+  lse_store(p, row_offset(p.lse, b, q, h), static_cast<double>(row_lse));
+}
+
+// Rows [seq0, seq0 + nj) of head h of o as f32 rows: where they lie when
+// they are contiguous f32 (ld: o's row stride), else converted into stage
+// ([nj, pad]).
+template <typename T>
+const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t nj, int64_t dim, int64_t pad,
+                      float* stage, int64_t& ld) {
+  if (std::is_same<T, float>::value && o.dim_stride == 1) {
+    ld = o.seq_stride;
+    return reinterpret_cast<const float*>(static_cast<const T*>(o.data)) + row_offset(o, b, seq0, h);
+  }
+  load_tile<T>(o, b, seq0, h, nj, dim, pad, stage);
+  ld = pad;
+  return stage;
+}
