@@ -55,9 +55,8 @@ bool has_amx_bf16() {
 
 // Whether vdpbf16ps issues as fast as the f32 FMA, so that bf16 pairs
 // double the products' rate: AMD's, the Zen 4 and Zen 5 cores being the
-// AMD CPUs with AVX512_BF16 (Zen 5, 2 threads, n = 2048: oneDNN's bf16 GEMM
-// 651 GFLOP/s against its f32 GEMM's 312). Intel's without AMX issue it at
-// half the FMA rate (docs/design.md).
+// AMD CPUs with AVX512_BF16. Intel's without AMX issue it at half the FMA
+// rate (docs/design.md; tuning table: default ISA).
 bool full_rate_bf16_dot() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   __cpuid(0, a, b, c, d);

@@ -30,8 +30,7 @@ inline void cpu_relax() {
 // A persistent pool whose caller never waits for a worker to show up: it
 // claims tasks itself, and waits only for tasks that a worker has started.
 // With OpenMP's fork/join, a worker that the OS had not yet scheduled held
-// every call at the closing barrier: on a 2-core machine with the other core
-// busy, a 30 us forward+backward took 31 ms with 2 threads.
+// every call at the closing barrier (tuning table: parallel_for pool).
 //
 // Claims are made on one 64-bit word, (generation << 32) | next task, so a
 // worker that wakes after its job is over can never take a task of the next.
@@ -101,11 +100,8 @@ class Pool {
   }
 
   // A worker that has just finished watches for the next job for spin_
-  // before it sleeps: a sleeping worker started its first task 12-17 us
-  // after the call (2-core Zen 5 VM), a whole task in short calls. Back to
-  // back calls, 2 threads, old -> new medians: f32 L = 128, d = 64, 8
-  // heads, forward 142-150 -> 124-126 us, backward 355 -> 298; decode (Lq
-  // = 1, d = 128) Lk = 128 27-28 -> 15-16 us, Lk = 1024 148-155 -> 118-132.
+  // before it sleeps: a sleeping worker starts its first task late, a whole
+  // task in short calls (tuning table: FLASHGRAD_SPIN_US).
   // A bad FLASHGRAD_SPIN_US has already thrown at the API; any other caller
   // gets the default.
   static std::chrono::microseconds spin_setting() {

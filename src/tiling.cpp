@@ -74,24 +74,15 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   TilePlan t;
   choose_blocks(p, t);
   // The forward keeps no per-key state, so a taller query tile halves the
-  // K/V tile loads and transposes per FLOP (docs/performance.md): 256 rows
-  // (f32, d = 128, L = 2048, 2 threads, 10 interleaved pairs: 183 -> 210
-  // GFLOP/s median), causal too since the rows below the diagonal of a tile
-  // it cuts skip the masking (1 thread, both builds at once, L = 2048,
-  // medians: d = 64 94.5 -> 100.3, d = 128 114.8 -> 121.3). bf16 pairs up to
-  // 1024 query rows take 128: twice the tasks for two threads, and from 4
-  // blocks a head the held pair tiles (bf16, 8 heads, 2 threads, Zen 4,
-  // `flashgrad ab`, 12-40 pairs, forward: d = 128 L = 512 1.04x, causal
-  // 1.03-1.08x; L = 1024 1.01x, causal 1.04-1.06x; d = 64 L = 512 1.02-1.06x,
-  // causal 0.98x; L = 1024 1.01x, causal 1.05x; L = 2048 causal even).
+  // K/V tile loads and transposes per FLOP: 256 rows, causal too since the
+  // rows below the diagonal of a tile it cuts skip the masking. bf16 pairs up
+  // to 1024 query rows take 128: twice the tasks for two threads, and from 4
+  // blocks a head the held pair tiles (tuning table: forward block_q).
   if (std::max(p.head_dim, p.head_dim_v) <= 128)
     t.block_q = windowed(p) || (pairs && p.seqlen_q <= 1024) ? 128 : 256;
   // bf16 pairs: the products cost little beside what each key tile costs
-  // per row (the softmax's row passes, O's rescale), so 256-key tiles (bf16,
-  // L = 2048, 8 heads, 2 threads, forward GFLOP/s, 64 -> 256 keys, AMX: d =
-  // 128 743 -> 978, d = 64 483 -> 655; causal 633 -> 702 and 394 -> 536;
-  // AVX512_BF16 on Zen 5, `flashgrad ab`, 7 pairs: d = 128 1.09x, d = 64
-  // 1.14x, d = 128 causal 1.10x).
+  // per row (the softmax's row passes, O's rescale), so 256-key tiles
+  // (tuning table: kMaxBlockK).
   if (pairs && std::max(p.head_dim, p.head_dim_v) <= 128 && !windowed(p)) {
     t.block_k = kMaxBlockK;
     t.bk_pad = t.block_k;
@@ -136,11 +127,8 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   f.row_drop_x = c.take(ceil_div(sat_mul(round_up(t.block_q, kPad), 4), t.acc_bytes));
   f.row_drop_bh = c.take(ceil_div(sat_mul(rows_pad, 4), t.acc_bytes));
   // Pair tiles kept across query blocks (ForwardScratch::pair_tiles), where
-  // a thread takes at least two blocks of a head in a row: bf16 forward, 8
-  // heads, 2 threads, `flashgrad ab`, 8 pairs, d = 128: L = 1024 1.01x,
-  // 2048 1.03-1.06x (causal 0.99-1.01x), 4096 1.03x (causal 1.02x), 8192
-  // 1.11x (causal 1.13x), 16384 with half of them held 1.08x; d = 64: 2048
-  // 1.02-1.035x (causal 1.00x), 4096 1.05x.
+  // a thread takes at least two blocks of a head in a row (tuning table:
+  // kPairCacheBytes).
   if (pairs && ceil_div(p.seqlen_q, t.head_rows) >= 2 * t.threads) {
     f.pair_slot = t.dqk_pad / 2 * t.bk_pad + ceil_div(t.block_k, 2) * t.dv_pad;
     const int64_t tiles = sat_mul(t.kv_heads, ceil_div(t.split_k, t.block_k));
@@ -165,21 +153,10 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
 TilePlan plan_backward(const AttnParams& p, bool pairs) {
   TilePlan t;
   choose_blocks(p, t);
-  // 128-key tiles halve the Q and dO loads per FLOP of the dK/dV walk: 1
-  // thread, both builds at once on the two cores, f32 L = 2048, medians:
-  // d = 128 121.9 -> 130.8 GFLOP/s, d = 64 114.9 -> 124.5, causal d = 128
-  // 105.0 -> 113.7. (Before the single pass they measured slower.) 256 keys
-  // without a band, measured the same way: d = 64 131.0 -> 136.3, d = 128
-  // 130.2 -> 134.7. Causal too, since partial tiles run their products
-  // only over the keys some row sees (seen_keys; before that, d = 64
-  // 117.0 -> 113.7): 1 thread, both builds at once, d = 64 L = 2048 121.0 ->
-  // 123.5, L = 4096 131.4 -> 135.5; 2 threads, interleaved, L = 8192 d = 64
-  // 256.4 -> 269.2, L = 4096 d = 128 248.2 -> 267.4.
-  // bf16 pairs from 1024 to 2048 keys take 128 (bf16, 8 heads, 2 threads,
-  // Zen 4, `flashgrad ab --pass backward`, 8-15 pairs: d = 128 L = 1024
-  // 1.02x, causal 1.06-1.07x; L = 2048 1.01x, causal 1.03-1.05x; d = 64 L
-  // = 1024 0.99x, causal 1.05x, L = 2048 1.00x; but L = 512 0.98-0.995x and
-  // L = 4096 causal 0.99x, which keep 256).
+  // Wider key tiles cut the Q and dO loads per FLOP of the dK/dV walk: 256
+  // keys, causal too, since partial tiles run their products only over the
+  // keys some row sees (seen_keys). bf16 pairs from 1024 to 2048 keys take
+  // 128 (tuning table: backward block_k).
   const bool pair_keys128 = pairs && p.seqlen_k >= 1024 && p.seqlen_k <= 2048;
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
     t.block_k = windowed(p) || pair_keys128 ? 128 : 256;
@@ -213,7 +190,7 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   }
   // Single pass when every thread gets whole (batch, K/V head) tasks and the
   // threads' dQ accumulators stay within kFusedBytes; dbias needs the dQ
-  // pass's ownership of its rows.
+  // pass's ownership of its rows (tuning table: kFusedBytes).
   constexpr int64_t kFusedBytes = int64_t{48} << 20;
   const int64_t tasks = p.batch * p.heads_kv;
   const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
@@ -221,12 +198,8 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   // runs: a power of two of them (thread counts mostly are), at most
   // kRuns and as many as let the runs' dQ partials (each the size of dQ in
   // f32) fit in kFusedBytes; from the shapes alone, so that the thread
-  // count does not change the sums. 8 query heads, d = 128, 2 threads,
-  // `flashgrad ab --pass backward` against the two-pass form: bf16 L =
-  // 2048 (4 runs) 1.28x, causal 1.135x; L = 4096 (2 runs) 1.36x, causal
-  // 1.28x; f32 L = 2048 1.335x; 1 thread, against the single pass it took
-  // there, 0.97x. With two pairs, cut into runs too (4 each), 0.91x and
-  // causal 0.85x against the single pass 2 threads give them.
+  // count does not change the sums. Two or more pairs keep whole runs
+  // (tuning table: kRuns).
   constexpr int64_t kRuns = 8;
   const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
   const int64_t part_bytes = sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
@@ -237,10 +210,8 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
                                                    (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
   if (t.fused && t.key_chunks == 1) g.dq_acc = c.take(dq_elems);
-  // Held q and dO pairs pay from 4 key blocks on (bf16, d = 128, 8 heads, 2
-  // threads, `flashgrad ab`, 10-16 pairs, backward: L = 512, 2 key blocks,
-  // 0.96x, causal 0.97x; L = 1024 1.03x, L = 2048 1.04-1.05x, causal 1.01x;
-  // L = 4096 1.04x all held, 1.02x with half of them under kHeldQueryBytes).
+  // Held q and dO pairs pay from 4 key blocks on (tuning table:
+  // kHeldQueryBytes).
   if (t.fused && pairs && ceil_div(nkb, t.key_chunks) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);

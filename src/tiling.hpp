@@ -17,7 +17,8 @@ constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack b
 // Per thread, at most this many bytes of tiles kept as pair products read
 // them: the forward's K/V tiles (ForwardScratch::pair_tiles), and the
 // single-pass backward's q and dO blocks (BackwardScratch::held_q), which
-// share the workspace with its dQ accumulators.
+// share the workspace with its dQ accumulators (tuning table:
+// kPairCacheBytes, kHeldQueryBytes).
 constexpr int64_t kPairCacheBytes = int64_t{4} << 20;
 constexpr int64_t kHeldQueryBytes = int64_t{2} << 20;
 
@@ -25,7 +26,7 @@ constexpr int64_t kHeldQueryBytes = int64_t{2} << 20;
 // (the forward's keys-major Q^T and S^T, the backward's K^T, V^T, S and dP):
 // 16 elements (a 64-byte line in f32) past n, so that the rows of one column
 // spread over the L1's sets; a stride of 1 KiB (n = 256) put 64 rows in 4
-// sets of 12 ways.
+// sets of 12 ways (tuning table: tile_ld).
 constexpr int64_t tile_ld(int64_t n) { return n + 16; }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -76,14 +77,8 @@ struct BackwardScratch {
 // K/V head (batch * heads_kv = 1, one task otherwise) and seqlen_k >= 2 *
 // kSplitMinKeysOneHead. The runs follow from the shapes alone, not from the
 // thread count, so results stay bitwise identical for any number of
-// threads. Against whole runs of 2048 (one task per K/V head below that), d
-// = 128, 2 threads, K and V read from DRAM (calls cycling through 256 MiB
-// of problems), medians: 8 heads, [batch, seq, heads, dim], Lq = 1 f32, Lk
-// = 256 1.27x, 1024 1.12x, 2048 1.19x, 3000 1.41x; bf16 1.55x, 1.43x,
-// 2.07x, 1.46x; Lk = 2048, Lq = 4 f32 1.37x, bf16 1.91x, Lq = 16 1.45x,
-// 1.53x. 8 query heads over 1 K/V head, Lq = 1, Lk = 512 / 1024 / 2048:
-// f32 1.46x / 1.48x / 1.76x, bf16 1.21x / 1.52x / 1.73x; Lk = 256 in two
-// runs of 128, f32 1.05x, bf16 0.87x.
+// threads. Both threads then read K and V for short queries, at the cost
+// of a merge (tuning table: kSplitKeys).
 constexpr int64_t kSplitKeys = 2048;
 constexpr int64_t kSplitMinKeys = 128;
 constexpr int64_t kSplitMinKeysOneHead = 256;
@@ -103,8 +98,7 @@ struct TilePlan {
   // With split keys a task also takes kv_heads K/V heads at once, so that it
   // reads each key row of all heads together: in [batch, seq, heads, dim] one
   // head's rows are a page apart, and visiting a head at a time missed the TLB
-  // on every row (decode at Lk = 128k: 12.0 GB/s, 17.1 GB/s with the heads
-  // contiguous per row).
+  // on every row (tuning table: kv_heads).
   int64_t group = 1, head_rows = 64, splits = 1, split_k = 0, kv_heads = 1;
   int64_t block_q = 64;
   int64_t block_k = 64;
@@ -132,11 +126,8 @@ struct TilePlan {
 // Whether the amx path runs a call's products on AMX tiles: bf16 with at
 // least 3 query rows per K/V head. Decode below that keeps the avx512 f32
 // tiles (V read in place) in both passes, so the backward still recomputes
-// the forward's scores bit for bit (bf16, d = 128, 8 heads, 2 threads, K+V
-// read per second, avx512 / amx, Lk = 4096 and 64k: Lq = 1 30.7 / 15.5 and
-// 17.9 / 8.0 GB/s before AMX's narrow tiles, Lq = 2 27.5 / 26.5 and 17.8 /
-// 14.3, Lq = 3 21.2 / 26.1 and 11.3 / 14.0, Lq = 4 19.3 / 24.0 and 11.3 /
-// 13.2).
+// the forward's scores bit for bit. AMX's tiles lose to those there (tuning
+// table: amx_call).
 inline bool amx_call(const AttnParams& p) {
   return p.dtype == DType::bf16 && p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1)) >= 3;
 }
@@ -148,12 +139,8 @@ inline bool amx_call(const AttnParams& p) {
 // head of its rows) or each head's rows contiguous. Other calls
 // take the avx512 path, whose narrow tiles read bf16 K and V where they lie
 // between their FMAs, and whose decode tiles (fewer than 8 rows) read them
-// whole, where the dot products' row tiles re-lay K and V as pairs.
-// Decode, bf16, d = 128, 8 heads, 2 threads, Zen 5, `flashgrad ab`, 7
-// pairs, against avx512: dot row tiles, Lk = 4096 / 16k, Lq = 4 0.50x /
-// 0.72x; dot narrow tiles, a head's rows of [batch, seq, heads, dim] per
-// task, Lq = 24, Lk = 16k 0.77-0.98x however its rows were asked for
-// (1.27-1.37x from L2).
+// whole, where the dot products' row tiles re-lay K and V as pairs
+// (tuning table: dot_call).
 inline bool dot_call(const AttnParams& p) {
   if (p.dtype != DType::bf16) return false;
   const int64_t rows = p.seqlen_q * (p.heads_q / std::max<int64_t>(p.heads_kv, 1));

@@ -45,16 +45,16 @@ void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t
 
 // How many rows ahead a task's Q load (bf16 pairs) and its out store ask
 // for the lines they read or write: their misses had 36% and 35% of
-// forward_task's own samples in a causal bf16 forward (L = 2048, d = 128).
+// forward_task's own samples in a causal bf16 forward (L = 2048, d = 128;
+// tuning table: kRowsAhead).
 constexpr int64_t kRowsAhead = 16;
 
 // Loads the same rows transposed: dst[c * ld + r] for c < round_up(dim, kPad),
 // r < w (<= ld), zero where r >= n or c >= dim. Contiguous rows needing no padding
-// are converted and transposed in register blocks straight from their place
-// (decode f32 Lk = 128k: K+V read 16.5 -> 18.9 GB/s); the others, and
-// the last n mod kTransposeBlock rows, are staged contiguously in stage
-// ([w, round_up(dim, kPad)]) first. (Scattering strided stores instead cost
-// ~20% of the forward at d = 128.)
+// are converted and transposed in register blocks straight from their place;
+// the others, and the last n mod kTransposeBlock rows, are staged
+// contiguously in stage ([w, round_up(dim, kPad)]) first, where scattered
+// strided stores were slower (tuning table: load_tile_t).
 template <typename T, typename Acc>
 void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim,
                  int64_t w, int64_t ld, Acc* dst, Acc* stage) {
@@ -78,11 +78,9 @@ void load_tile_t(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n
 // is stored (ScoreScale), K^T staged as an Acc tile,
 // both products in gemm_nn. V is staged too, except for query tiles of at
 // most kInPlaceRows rows (decode), where P V reads contiguous V rows where
-// they lie. Decode at Lk = 128k, 8 heads, d = 128, 2 threads, K+V read per
-// second, staged -> in place: f32 18.0 -> 25.3 GB/s at 1 row, about even at
-// 2 and 3 rows, 17.7 -> 15.4 at 4 rows; bf16 11.5 -> 12.9 at 1 row (AMX
-// host). Where the ISA sets kWholeRows (avx2), tiles of up to that many rows
-// read both K and V in place, whole rows at a time (below).
+// they lie (tuning table: kInPlaceRows). Where the ISA sets kWholeRows
+// (avx2), tiles of up to that many rows read both K and V in place, whole
+// rows at a time (below).
 constexpr int64_t kInPlaceRows = 2;
 
 // f(std::integral_constant<int, mq>) for 1 <= mq <= 4.
@@ -198,9 +196,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
   const bool keys_major_ranged = keys_major && ranged;
   const int64_t across = path.across;  // where no keys-major tile needs Q^T
   // Decode across heads (pv_heads, finish_row) touches only each head's mq
-  // rows of o; zeroing all ms rows (64 KiB at 8 heads, d = 128) took 5% of
-  // a decode call at Lk = 256 (8 heads, f32, 2 threads: 1.045x at 256, 1.025x
-  // at 512, even from 1024).
+  // rows of o; zeroing all ms rows cost short decode calls (tuning table:
+  // o_rows).
   const int64_t o_rows = across ? mq : ms;
   for (int64_t x = 0; x < nh; ++x) std::fill_n(o + x * ms * ldv, o_rows * ldv, Acc(0));
   if (across) {  // per group of across heads, qx [mq][d][kLanes] (scores_heads) in Q^T's space
@@ -268,14 +265,12 @@ void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t 
     }
   }
 
-  // Prefetching the next K/V tile, measured (2 threads, d = 128, K+V from
-  // DRAM): f32 forward L = 4096 +1-3%; decode tiles (V in place) f32 24 -> 19
-  // GB/s, so not there, but bf16 13 -> 18.6 GB/s (from L3, Lk = 16k: 31 -> 27).
+  // The next K/V tile is prefetched for tall tiles and bf16 decode, not for
+  // f32 decode tiles, which it slowed (tuning table: next-tile prefetch).
   const bool prefetch = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
   const int64_t k0 = p.k_start(b);
-  // Tiles every row sees whole go without classify's look at each row (1.3%
-  // of a d = 64 forward's samples at 256 rows; f32, L = 2048, 1 thread, both
-  // builds at once, medians: 120.5 -> 122.3 GFLOP/s).
+  // Tiles every row sees whole go without classify's look at each row
+  // (tuning table: full-tile test).
   int64_t lo_max = std::numeric_limits<int64_t>::min(), hi_min = std::numeric_limits<int64_t>::max();
   for (int64_t r = 0; r < mq; ++r) {
     lo_max = std::max(lo_max, lo[r]);

@@ -58,11 +58,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     // K rows each on a page of their own (a row stride of 4 KiB or more:
     // [batch, seq, heads, dim] with 8 heads of d = 128) are copied into
     // stage like V's: the S^T product, which reads a 6-row panel of K once
-    // per 16 columns of S^T, ran faster from the copy (avx2, L = 2048, 8
-    // heads, 2 threads, two builds alternating in one process, medians of
-    // each pair's ratio: d = 128 1.03-1.05x, causal 1.03-1.04x; with rows
-    // 2 KiB apart, d = 64, 0.98-1.01x, and contiguous rows 0.99-1.03x, so
-    // those stay in place).
+    // per 16 columns of S^T, runs faster from the copy; closer rows stay in
+    // place (tuning table: keys-major K copy).
     int64_t kr_ld = plan.dqk_pad;
     const float* kr = stage;
     if (p.k.seq_stride * static_cast<int64_t>(sizeof(T)) >= kPageBytes)
@@ -73,9 +70,8 @@ void keys_major_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64
     const int64_t dv = plan.dv_pad;
     // A full tile's new row maxima come from the S^T product's epilogue,
     // gathered in alpha (which softmax_cols overwrites after reading them):
-    // the softmax then skips its pass over S^T for the max (f32, L = 2048,
-    // 1 thread, both builds at once: d = 64 125.8 -> 127.5, d = 128 133.7 ->
-    // 135.8 GFLOP/s).
+    // the softmax then skips its pass over S^T for the max (tuning table:
+    // keys-major maxima).
     // A softcap caps S^T's rows where they lie (softcap_row: the same bits
     // as the row path's logits_row, so the backward's recomputed scores),
     // and ALiBi, a bias and a mask follow (ScoreCols); the softmax then

@@ -142,24 +142,17 @@ struct NextTile {
 // its rows), the softmax step on m, l and alpha ([W]), keys j0..
 // outside [lo, hi] masked (lo null: a full tile), and ot [dv, W] = ot * alpha
 // + V^T P^T. The S^T blocks take 8 key rows: each row is a pointer of its
-// own, and 16 of them spilled to vector registers (decode, Lk = 128k:
-// 17.3 -> 17.8 GB/s with 8; from L3, Lk = 4096: 18.5 -> 19.8).
+// own, and 16 of them spilled to vector registers (tuning table: narrow S^T
+// key rows).
 //
 // K and V rows read in place closer than a 4 KiB page apart (a head's rows
 // contiguous, as in [batch, heads, seq, dim], or few heads) are asked for
 // kNarrowAheadKeys keys ahead from inside the products, spread over their
 // steps. Rows a page or more apart (8 heads of d = 128 interleaved) start a
 // page each, and the hardware prefetchers, following 32 pages at once, keep
-// ahead of the products on their own; a step's few pages did not (decode,
-// Lq = 16, Lk = 1M / heads, f32, d = 128, 2 threads, interleaved runs,
-// medians of K+V read per second, without -> with: 1 head 9.9 -> 15.8 GB/s,
-// 2 heads 10.0 -> 15.1, 4 heads 9.6 -> 13.4, 8 heads d = 64 9.3 -> 14.6,
-// 8 heads [b, h, s, d] 9.0 -> 15.5; with rows a page apart it cost: 8 heads
-// 16.7 -> 13.6, 16 heads d = 64 even). 16, 32 and 64 keys ahead measured
-// alike. Those were AVX-512 numbers on an Intel host; on AVX2, and on
-// AVX-512 since a Zen 4 host measured it (kNarrowPrefetchNext,
-// vec_avx512.inl), the products ask for the next tile's rows instead,
-// whatever the layout.
+// ahead of the products on their own. Both ISAs now ask for the next tile's
+// rows instead, whatever the layout (tuning table: kNarrowAheadKeys,
+// kNarrowPrefetchNext).
 constexpr int64_t kNarrowAheadKeys = 32;
 
 // The byte offset from rows of o read in place (ld: their stride in
@@ -235,9 +228,7 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
                    const float* lo, const float* hi, const ScoreCols<float>& sc, int64_t j0) {
   // bf16 pairs read in place run in chunks of two vectors, but for a tile
   // of three, whose 3 x 3 blocks outran them: the four-vector chunk's
-  // 2-row blocks wait on FMA latency (bf16, d = 128, 8 heads, Lk = 16k,
-  // `flashgrad ab`, 9 pairs: 32 rows 1.11x, 40 rows 1.08x, 64 rows 1.08x;
-  // 24 rows as two chunks 0.94x).
+  // 2-row blocks wait on FMA latency (tuning table: bf16 chunk width).
   const int64_t chunk_w = std::is_same<TK, float>::value || w <= 3 * kLanes ? kNarrowWidth : 2 * kLanes;
   constexpr int64_t kMaxVecs = kNarrowWidth / kLanes;
   static_assert(kMaxVecs >= 1 && kMaxVecs <= 4, "narrow tiles are one to four vectors wide");
@@ -268,10 +259,8 @@ void narrow_chunks(const AttnParams& p, int64_t b, int64_t seq0, int64_t hk, int
 
 // bf16 K and V rows with unit dim stride are read where they lie where the
 // ISA broadcasts bf16 pairs (FG_BF16_PAIRS), instead of converted into f32
-// stages first (avx2 on Zen 3, d = 128, 8 heads, Lk = 64k, 2 threads,
-// alternating runs, K+V read per second: Lq = 16 3.3 / 3.8 / 3.8 -> 4.5 /
-// 4.6 / 5.0 GB/s, Lq = 8 4.2 / 4.0 / 4.0 -> 5.4 / 5.6 / 6.0). The products
-// give the staged path's results bit for bit.
+// stages first (tuning table: FG_BF16_PAIRS). The products give the staged
+// path's results bit for bit.
 template <typename T>
 void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj,
                  const NextTile& next, int64_t w, const float* qt, float* vstage, float* kstage, float* st, float* m,
@@ -300,17 +289,12 @@ void narrow_tile(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t s
 // K/V heads (from hk - x) asks L2 for during its block of `keys` keys from
 // seq0: those of the block kNarrowDotAhead on. K's are asked for during
 // each 16-key block's S^T, V's during the tile's P V: during S^T alone
-// they came in bursts (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
-// `flashgrad ab`, 16-20 pairs: [B, H, L, d] 1.10x, [B, L, H, d] 0.99-1.03x).
-// Where the task's heads lie side by side in each row ([batch, seq, heads,
-// dim]), head x takes rows x * keys / nh.. of that block whole, across
-// every head, so that the heads together
-// ask for it in memory order; a head's own rows alone, short pieces a row
-// apart, kept the reads waiting (bf16, Lq = 16, d = 128, 8 heads, Lk =
-// 64k, 2 threads, `flashgrad ab` against the f32 narrow tiles, 9 pairs:
-// the head's rows 1.01x and 0.99x, whole rows 1.19x and 1.18x; 16 heads,
-// rows a page apart: none asked for 0.90x, whole rows 1.45x). A head's own
-// rows otherwise, where they lie closer than a page apart (narrow_ahead).
+// they came in bursts. Where the task's heads lie side by side in each row
+// ([batch, seq, heads, dim]), head x takes rows x * keys / nh.. of that
+// block whole, across every head, so that the heads together ask for it in
+// memory order; a head's own rows alone, short pieces a row apart, kept the
+// reads waiting (tuning table: narrow_dot_walk). A head's own rows
+// otherwise, where they lie closer than a page apart (narrow_ahead).
 inline LineWalk narrow_dot_walk(const AttnParams& p, const Operand& o, int64_t dim, int64_t b, int64_t seq0,
                                 int64_t hk, int64_t x, int64_t nh, int64_t keys) {
   const int64_t row_bytes = o.seq_stride * 2, span = dim * 2;

@@ -11,7 +11,7 @@
 // (softmax_cols): no horizontal reductions, no K^T tile, no per-row loop.
 // Each score is the same chain of FMAs over d in the same order as in
 // Q K^T, scaled as it is stored, so it is bit for bit the score the backward recomputes.
-// The other tiles take the row path.
+// The other tiles take the row path (tuning table: kKeysMajorRows).
 constexpr int64_t kKeysMajorRows = 32;
 
 // Narrow tiles: query tiles of kNarrowMinRows <= mq <= kNarrowMaxRows rows
@@ -21,52 +21,29 @@ constexpr int64_t kKeysMajorRows = 32;
 //   O^T [dv, W]  = O^T * alpha + V^T P^T   V's elements broadcast where they lie
 // so neither K nor V is transposed or copied, and alpha scales O^T's columns.
 // A 16-row tile's products as square tiles padded to 32 columns did half
-// their FMAs on padding. Their rate hardly depends on mq (f32, d = 128, 8
-// heads, 2 threads, K+V read per second against the row path, Lk = 4096 /
-// 128k: 3 rows 20.2 / 19.6 against 25.1 / 17.4, 6 rows 19.8 / 18.5 against
-// 24.7 / 18.5, 8 rows 20.9 / 18.9 against 21.0 / 16.5, 12 rows 18.7 / 18.7
-// against 17.9 / 14.9, 16 rows 19.8 / 17.8 against 16.3 / 13.0), so fewer
-// rows keep the row path there (kNarrowMinRows, per ISA in vec_<isa>.inl).
-// On AVX2 they run to 32 rows, three and four vectors wide, where 17-31
-// rows took the row path and 32 the keys-major tiles, which copy 64-key K
-// and V tiles for so few rows (f32, d = 128, 8 heads, 2 threads, `flashgrad
-// ab`, 9 pairs, medians of the pair ratios, Lk = 16k: 20 rows 1.51x, 24
-// rows 1.52x (bf16 1.41x), 32 rows 1.38x (bf16 1.09x; causal 1.30x; 1
-// thread 1.27x; [B, H, L, d] 1.17x); 32 query heads over 4 K/V heads, Lq
-// = 4, Lk = 32k 1.21x; 32 rows, d = 64, Lk = 4096 1.26x; from cache
-// about even: 32 rows, Lk = 1024 0.99x, Lk = 512 0.97x; 24 rows, Lk = 512
-// 1.05x). Beyond 32 rows they run in chunks of 32 (narrow_chunks) up to
-// kNarrowMaxRows, each chunk through both products over the same K and V
-// rows, where the keys-major tiles copied 64-key tiles (f32, Lk = 16k,
-// same setup: 48 rows 1.26-1.33x, 64 rows 1.13x (causal 1.14x), 80 rows
-// 1.14x, 96 rows 1.05-1.06x, 128 rows even; d = 64: 48 rows 1.32x, 64
-// rows 1.26x, 96 rows 1.05x; Lk = 2048, d = 64: 48 rows 1.22x, 64 rows
-// 1.14x).
+// their FMAs on padding. Their rate hardly depends on mq, so fewer rows keep
+// the row path (kNarrowMinRows, per ISA in vec_<isa>.inl). On AVX2 they run
+// to 32 rows, three and four vectors wide, where the keys-major tiles copy
+// 64-key K and V tiles for so few rows; beyond 32 rows they run in chunks
+// of 32 (narrow_chunks) up to kNarrowMaxRows, each chunk through both
+// products over the same K and V rows (tuning table: kNarrowMinRows,
+// kNarrowMaxRows).
 //
 // Narrow tiles (of one vector of rows; wider ones: narrow_keys) step
 // through the keys kNarrowVecKeys at a time (per ISA, vec_<isa>.inl;
 // kNarrowKeys on the portable path, which runs none), every K/V head in
 // turn. 16 keys read each 4 KiB page of a [batch, seq, heads, dim] K or V
 // through soon after it was started: the hardware prefetchers follow
-// that, where 64 keys (with or without the next tile prefetched in
-// software) left the reads
-// waiting on DRAM (decode, f32, d = 128, 8 heads, Lk = 128k, 2 threads,
-// interleaved runs, medians of K+V read per second: 64 keys 12.1 GB/s
-// (prefetched 13.9), 32 keys 14.8, 16 keys 17.2 (prefetched 15.0); in
-// another series 8 keys 17.1 against 17.7 for 16). Those were AVX-512
-// numbers on an Intel host, before the products asked for the next tile.
+// that, where 64 keys left the reads waiting on DRAM (tuning table:
+// kNarrowKeys).
 constexpr int64_t kNarrowKeys = 16;
 
 // Keys per narrow tile on bf16 dot products (narrow_dot_products): S^T in
 // 16-key blocks, then one softmax step and one O^T update for all of them.
 // 16 keys spent a third of the P V product's time loading, rescaling and
-// storing O^T (bf16, Lq = 16, d = 128, 8 heads, 2 threads, Zen 4,
-// `flashgrad ab`, 20-60 pairs, 16 -> 64 keys: Lk = 4096 1.07x, 16k 1.06x,
-// 64k 1.05x; [b, h, s, d] 1.06x; d = 64 1.14x; Lq = 8 1.04x; 24 rows
-// even; GQA 32/8, Lq = 4, 1.02x). 32 and 128 keys measured within 3% of
-// 64. The blocks ask for the next tile's rows (kNarrowDotAhead keys on):
-// 32 keys on, into the tile itself, left the V rows of its second half
-// waiting (Lk = 4096 1.00x against 16 keys); 128 on, 0.97x at 64k.
+// storing O^T. The blocks ask for the next tile's rows (kNarrowDotAhead
+// keys on): 32 keys on, into the tile itself, left the V rows of its second
+// half waiting (tuning table: kNarrowDotKeys).
 constexpr int64_t kNarrowDotKeys = 64;
 constexpr int64_t kNarrowDotAhead = 64;
 
@@ -111,8 +88,8 @@ bool keys_major_usable(const AttnParams& p, int64_t mq) {
 }
 // Narrow tiles in more than one chunk (mq > kNarrowWidth) only for a task
 // that walks kNarrowChunkedMinKeys keys or more, where K and V come from
-// memory: from cache the keys-major tiles' products run faster (f32, d =
-// 64, 64 rows, Lk = 1024, 8 heads, 2 threads: chunks 0.89x).
+// memory: from cache the keys-major tiles' products run faster (tuning
+// table: kNarrowChunkedMinKeys).
 constexpr int64_t kNarrowChunkedMinKeys = 2048;
 
 // keys: how many keys the task walks.
@@ -139,13 +116,8 @@ inline bool ranges_exact(const AttnParams&, int64_t lk) { return lk < (int64_t{1
 // its keys, instead of every head at each key tile: where a head's K and V
 // rows are contiguous ([batch, heads, seq, dim]), their reads then stay one
 // stream each, which the whole-row products' prefetch (AccTiles::set_ahead)
-// follows across tiles. Results are the same either way. Decode, d = 128,
-// 8 heads, Lk = 64k, alternating calls, medians, K+V GB/s, neither ->
-// both: f32 1 row 4.1 -> 4.7 (1 thread), 8.2 -> 10.9 (2 threads); 2 rows
-// 4.0 -> 7.1, 5.9 -> 8.7; bf16 1 row 2.5 -> 5.0, 5.9 -> 11.8; f32 Lk = 4096
-// 7.4 -> 8.9; narrow tiles (16 rows) 8.4 -> 8.6. The order alone measured
-// even (f32 1 row 7.3 -> 7.2); with the prefetch it added 6.3 -> 7.4 and
-// 10.6 -> 12.5.
+// follows across tiles. Results are the same either way. The order pays
+// only with that prefetch (tuning table: heads_outer).
 inline bool heads_outer(const AttnParams& p, int64_t nh) {
   return nh > 1 && p.k.dim_stride == 1 && p.v.dim_stride == 1 && p.k.seq_stride == p.head_dim &&
          p.v.seq_stride == p.head_dim_v;
@@ -157,14 +129,8 @@ inline bool heads_outer(const AttnParams& p, int64_t nh) {
 // ([batch, seq, heads, dim]), a divisor of kLanes of at least 2 heads, and
 // at least the task's mq rows per head, so that Q's lanes (qx) fit in Q^T's
 // space. A head at a time reads 512 bytes of each 4 KiB row (8 heads, d =
-// 128, f32) per pass; a reading test over such rows on Zen 5 (2 threads)
-// read 34-38 GB/s in that order and 67-78 in memory order, where the L2
-// streamer runs ahead of the loads. Decode, d = 128, 8 heads, Lk = 64k, 2
-// threads, `flashgrad ab --pass forward`, 11 pairs, against the head at a
-// time (on avx512 against the staged K^T tiles it had before the whole
-// rows): avx512 f32 Lq = 1 1.13x, Lq = 2 1.05x, Lq = 4 0.99x, 32 query
-// heads over 8 0.99x; bf16 1.51x, 1.19x, 1.24x, 1.23x; avx2 f32 Lq = 1
-// 1.32x, Lq = 2 1.51x, 16 over 8 1.45x; bf16 1.42x, 1.53x, 1.43x.
+// 128, f32) per pass, where memory order lets the L2 streamer run ahead of
+// the loads (tuning table: heads_across).
 template <typename T, typename Acc>
 int64_t heads_across(const AttnParams& p, const TilePlan& plan, const AccTiles<T, Acc>& tiles, int64_t nh,
                      int64_t mq) {

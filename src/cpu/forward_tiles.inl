@@ -10,15 +10,7 @@ struct AccTiles {
   // At 1 to kWholeRows query rows, K rows are read in place too where the ISA
   // transposes in registers (scores_rows_whole): the K^T tile's transpose
   // waited on K's loads and its 32 KiB of stores (d = 128) pushed them out
-  // of L1 (decode, d = 128, 8 heads, alternating calls, medians of K+V read
-  // per second, avx2: f32 Lk = 64k 2 threads 11.4 / 11.6 -> 13.3 / 13.9
-  // GB/s, 1 thread 6.8 / 7.1 -> 8.2 / 8.3, 2 query rows 9.6 / 9.0 -> 10.3 /
-  // 9.8; [B, H, L, d] 9.5 -> 10.6; Lk = 4096 1 thread 6.4 -> 8.1; bf16 K and
-  // V both read whole rows against neither: 2 threads 5.4 / 4.2 -> 6.3 /
-  // 4.9, 1 thread 2.6 / 2.4 -> 3.0 / 2.4, 2 query rows 4.8 / 4.5 -> 7.6 / 7.9;
-  // 3 and 4 rows, K and V whole against staged: f32 8.7 / 8.2 -> 9.7 / 9.3
-  // and 8.7 / 7.3 -> 9.9 / 8.4, bf16 5.7 / 4.6 -> 6.2 / 4.9 and 5.3 / 4.9 ->
-  // 5.4 / 5.2).
+  // of L1 (tuning table: kWholeRows).
   const char* k_pf_end = nullptr;  // set_ahead
   const char* v_pf_end = nullptr;
   const T* k_rows = nullptr;  // this tile's K rows (k_n of them) when read in place
@@ -58,12 +50,11 @@ struct AccTiles {
     v_ld = p.v.seq_stride;
   }
   // Rows read in place and contiguous in memory ([batch, heads, seq, dim]):
-  // the whole-row products read 8 of them side by side, 32 bytes of each at
-  // a time, which reads a page at 6.2-7.3 GB/s from DRAM on one thread
-  // against 10.9 in memory order (a reading test over [1M, 128] f32 rows);
-  // asking L2 for the rows two 8-row blocks ahead, in memory order, as they
-  // go took it to 9.5-9.7. Up to n rows from this tile's first (keys of
-  // the same head that exist); none where rows have gaps between them.
+  // the whole-row products read 8 of them side by side, a few bytes of each
+  // at a time, slower from DRAM than memory order; asking L2 for the rows
+  // two 8-row blocks ahead, in memory order, wins most of it back (tuning
+  // table: set_ahead). Up to n rows from this tile's first (keys of the same
+  // head that exist); none where rows have gaps between them.
   void set_ahead(const AttnParams& p, int64_t n) {
     const bool k_dense = k_in_place && p.k.seq_stride == p.head_dim;
     const bool v_dense = v_in_place && p.v.seq_stride == p.head_dim_v;

@@ -2,10 +2,7 @@
 // counter words c0 + 0..7, c1, x2 and x3 shared, out[w] holding word w of
 // each of the 8 blocks. The same integer operations as the scalar form, so
 // the same bits. Shared by the AVX2 and AVX-512 layers (the latter not
-// timed). Against the scalar form, dropout 0.1, f32, L = 2048, 8 heads, 2
-// threads, Zen 3, `flashgrad ab`, medians of 5-7 pair ratios, outputs bit
-// for bit the same: d = 64 forward 1.35x, backward 1.19x; d = 128 1.31x,
-// 1.15x; bf16 causal d = 64 forward+backward 1.14x.
+// timed; tuning table: philox_x8).
 
 inline void philox_mul(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
   const __m256i even = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6 as 64 bits
@@ -64,9 +61,9 @@ inline void philox_drop_x8(const uint32_t* xs, const uint32_t* bhs, uint32_t off
 }
 
 // keep[e] = 1 where column e's word (block e / 4, word e % 4) >= threshold,
-// else 0, for the 32 columns of philox_x8's 8 blocks. Against a scalar loop
-// over the words (a fifth of the row path's forward): f32 d = 64 forward
-// with dropout 1.35x (docs/performance.md).
+// else 0, for the 32 columns of philox_x8's 8 blocks, where a scalar loop
+// over the words took a fifth of the row path's forward (tuning table:
+// philox_x8).
 inline void philox_keep_x8(const __m256i (&x)[4], uint32_t threshold, uint8_t keep[32]) {
   const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
   __m256i c[4];

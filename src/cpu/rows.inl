@@ -64,8 +64,9 @@ inline void step_maxima(float* m, const float* mx, float* alpha, int64_t n) {
 // s[j] = softcap * tanh(s[j] / softcap) for j < n, and t[j] = the tanh if t
 // is not null. In f32 the tanh is tanh_f32's, vectorized (vtanh); n need
 // not be a multiple of kLanes, since the scalar tail gives the same bits.
-// glibc's tanhf took ~16 ns per element on Zen 3, more than a d = 128
-// score's products. In f64 it is tanh_f64's (glibc's tanh errs by up to 2.1 ulp).
+// glibc's tanhf cost more per element than a d = 128 score's products
+// (tuning table: vtanh). In f64 it is tanh_f64's (glibc's tanh errs by up
+// to 2.1 ulp).
 inline void softcap_row(double* s, int64_t n, double softcap, double* t) {
   for (int64_t j = 0; j < n; ++j) {
     const double th = tanh_f64(s[j] / softcap);

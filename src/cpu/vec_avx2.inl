@@ -7,67 +7,39 @@ constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
 // P V over V rows read in place at 1 to kWholeRows query rows (forward.inl) reads
 // whole rows a few at a time (gemm_rows_whole): passes of one or two lines
-// over every row, rows a page apart, waited on every fetch (decode, f32, d
-// = 128, 8 heads, Lk = 64k, [B, L, H, d], alternating runs, K+V read per
-// second: 16 -> 32 columns per pass, 1 thread 4.1-4.8 -> 5.8-6.1 GB/s, 2
-// threads 5.4-5.9 -> 7.1-7.3 (bf16 lost: 4.3-5.5 -> 3.6-4.1); 32 columns ->
-// whole rows, alternating calls, medians: 1 thread 4.5 / 5.4 -> 4.7 / 6.2, 2
-// threads 9.2 / 10.1 -> 10.0 / 11.1, 2 query rows 7.5 / 9.5 -> 8.4 / 10.3;
-// [B, H, L, d] about even; 3 and 4 rows in forward.inl's AccTiles).
+// over every row, rows a page apart, waited on every fetch (tuning table:
+// kWholeRows, gemm_rows_whole).
 constexpr int64_t kWholeRows = 4;
 // Narrow tiles (forward.inl) ask L2 for the next tile's K and V rows, the
 // next K/V head's or the next keys', spread over the products' steps, for
-// rows in place in any layout. Zen 3, d = 128, 8 heads, 2 threads,
-// alternating calls, medians of K+V read per second, 32 keys ahead of rows
-// closer than a page and nothing for rows a page apart -> next tile: f32 Lq
-// = 16, Lk = 64k, [B, L, H, d] 7.5 / 6.4 -> 9.0 / 7.5 GB/s, Lq = 8 7.4 /
-// 6.8 -> 10.9 / 9.5, [B, H, L, d] 7.1 / 7.4 -> 8.0 / 7.8; bf16 Lq = 16
-// 5.5 / 4.2 -> 6.9 / 4.6, Lq = 8 (Lk = 4096) 5.1 / 3.9 -> 5.9 / 5.0. The
-// same rows asked for all at once before each tile measured even (3.3 ->
-// 3.5 GB/s, 1 thread): a burst stalls on its own misses.
+// rows in place in any layout. Asking for them all at once before each
+// tile did not pay: a burst stalls on its own misses (tuning table:
+// kNarrowPrefetchNext).
 constexpr bool kNarrowPrefetchNext = true;
 // With that prefetch, narrow tiles outrun the row path (whole rows at 3 and 4
-// stacked rows, staged at 5-7) from 3 rows on, with 8 lanes for 3-7 rows
-// (same host and setup, row path -> narrow, Lk = 64k: f32 3 rows 8.9 / 7.1
-// -> 11.0 / 8.8 GB/s, 4 rows 7.6 -> 9.9, 5 rows 6.3 -> 8.6, 6 rows 5.9 ->
-// 8.5, 7 rows 7.2 -> 12.1; bf16 3 rows 7.1 -> 7.9, 4 rows 6.7 -> 7.2, 6
-// rows 4.3 -> 6.5; Lk = 4096 f32 3 / 5 rows 6.4 / 4.9 -> 8.6 / 6.8, bf16
-// 6.5 / 3.6 -> 6.8 / 6.4). At 2 rows the whole-row products stay ahead in
-// bf16 (7.8 -> 6.5), at 1 in both (f32 12.0 -> 9.6). Softcapped, ALiBi,
-// bias, masked and dropout scores take the narrow tiles too (forward.inl,
-// narrow_products); ALiBi whose positions f32 cannot hold keeps the row
-// path (and whole rows up to 4).
+// stacked rows, staged at 5-7) from 3 rows on, with 8 lanes for 3-7 rows;
+// at 1 and 2 rows the whole-row products stay ahead (tuning table:
+// kNarrowMinRows). Softcapped, ALiBi, bias, masked and dropout scores take
+// the narrow tiles too (forward.inl, narrow_products); ALiBi whose positions
+// f32 cannot hold keeps the row path (and whole rows up to 4).
 constexpr int64_t kNarrowMinRows = 3;
 constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
 constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
 constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
 // Narrow tiles of two vectors of rows or more step through 32 keys, not 16:
 // each block of O^T's rows then reloads and stores its accumulators once per
-// 32 keys (Zen 3, d = 128, 8 heads, 2 threads, `flashgrad ab`, 14 pairs,
-// medians of the pair ratios: Lq = 16, Lk = 4096 / 64k 1.06x / 1.05-1.09x,
-// causal 1.08x, 1 thread 1.08x; bf16 Lk = 16k / 64k 1.09x / 1.10x; 32
-// rows 1.02x, 64 rows 1.00x, 96 rows (d = 64) 1.06x; [B, H, L, d], d = 64,
-// 1.02x). At one vector of rows (Lq = 4 and 8) 32 keys measured 1.02x and
-// 64 keys 0.91-0.98x, so those keep 16; 64 keys at 16 rows: 1.07-1.13x
-// from Lk = 16k but 0.96x at 4096.
+// 32 keys; one vector of rows keeps 16 (tuning table: kNarrowVecKeys).
 constexpr int64_t kNarrowWideKeys = 32;
 constexpr int64_t kNarrowVecKeys = 16;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: a pair's word and halves beside 6 rows' 12 accumulators and two
 // steps of B spilled, so two vectors take 4 rows. One vector takes 8, eight
 // FMA chains for two pipes of 4-cycle FMAs, where 4 rows left half of them
-// idle (forced to avx2 on Zen 5, bf16, d = 128, 8 heads, Lk = 16k, 2
-// threads, `flashgrad ab`, 7 pairs, against 4 rows: Lq = 8 1.38x (6 rows
-// 1.17x), Lq = 3 1.32x, Lq = 5 1.32x; Lq = 8 [B, H, L, d] at Lk = 64k 1.50x).
+// idle (tuning table: narrow_bf16_rows).
 constexpr int narrow_bf16_rows(int nv) { return nv == 1 ? 8 : nv == 2 ? 4 : (nv == 3 ? 3 : 2); }
 // Decode across heads (vec.inl, scores_heads_g and pv_heads) asks L2 for the
-// K and V rows this many keys ahead, for 16-bit K and V only. Zen 3, bf16,
-// Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab --expect-identical`,
-// 16-24 pairs, against no prefetch: Lk = 64k 1.05-1.11x (2 keys ahead
-// 1.06x, 8 1.09x, 12 1.02x, 32 1.00x), 16k 1.01x, 128k 1.03-1.05x, 4096
-// 1.00x, d = 64 1.07x, Lq = 2 1.03x, 16 heads (Lk = 32k) 1.17-1.19x, 32
-// query heads over 8 1.01x; f16 1.02x. f32, whose decode reads nearer the
-// triad, lost: 2, 4 and 8 keys ahead 0.98x, 0.98x, 0.95x.
+// K and V rows this many keys ahead, for 16-bit K and V only: f32, whose
+// decode reads nearer the triad, lost (tuning table: kHeadsAheadKeys).
 constexpr int64_t kHeadsAheadKeys = 4;
 inline VecF vzero() { return _mm256_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }

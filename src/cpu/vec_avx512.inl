@@ -1,56 +1,39 @@
-// The f32 vector layer for AVX-512: 16 lanes. The tile product keeps 12 rows x
-// 32 columns of accumulators in 24 of the 32 zmm registers.
+// The f32 vector layer for AVX-512: 16 lanes. The tile product keeps 6 rows x
+// 64 columns of accumulators in 24 of the 32 zmm registers.
 #define FG_VEC_GEMM 1
 using VecF = __m512;
 constexpr int64_t kLanes = 16;
 // The tile product's register block: 6 rows x 4 vectors (64 columns), 24
-// accumulators. Against 12 x 32 it measured 3-5% faster on the forward's
-// products and ~5% on the backward's (flashgrad bench, d = 128, 1 thread).
+// accumulators; fewer loads per FMA than 12 x 32 (tuning table: kGemmMr).
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 4;
-// Whole-row decode products (forward.inl) at 1 to 4 query rows. A head at a
-// time, against the staged K^T tiles (d = 128, 8 heads, Lk = 64k, 2 threads,
-// `flashgrad ab`, 15 pairs): f32 1 row 1.07x, 2 rows 1.02x, 4 rows 0.93x;
-// bf16 1.06x, 1.02x, 0.84x. Most decode tasks of [B, L, H, d] now go
-// across heads (heads_across), and a head at a time, [B, H, L, d] at 4 rows
-// read 1.25x (bf16 1.81x) and 3 K/V heads (12 query heads, 4 rows) f32
-// 0.99x, bf16 1.27x.
+// Whole-row decode products (forward.inl) at 1 to 4 query rows; most decode
+// tasks of [B, L, H, d] go across heads (heads_across; tuning table:
+// kWholeRows).
 constexpr int64_t kWholeRows = 4;
 // Narrow tiles (forward.inl) from 5 stacked query rows, with the next tile's
-// K and V rows asked of L2 during the products (vec_avx2.inl). On Zen 4, f32,
-// d = 128, 8 heads, 2 threads, `flashgrad ab --pass forward`, 8-10 pairs:
-// the prefetch (outputs bitwise identical) Lq = 16 at Lk = 4096 / 16k /
-// 64k / 128k 1.38x / 1.26x / 1.42x / 1.33x, Lq = 8 1.38x / 1.30x (16k /
-// 64k), Lq = 12 1.40x, Lq = 24 1.11x, causal 1.21x, [B, H, L, d] 1.02x,
-// d = 64 0.99x, bf16 (avx512) 1.00x; then narrow tiles from 5 rows instead
-// of 8 (the row path before): Lq = 5 / 6 / 7 1.40x / 1.37x / 1.45x at 64k,
-// Lq = 5 / 7 1.41x / 1.56x at 4096, bf16 Lq = 6 1.14x, Lq = 5 0.98x; from
-// 3 rows Lq = 3 ran 0.90x (whole rows, kWholeRows, stay ahead to 4).
+// K and V rows asked of L2 during the products (vec_avx2.inl); whole rows
+// (kWholeRows) stay ahead to 4 (tuning table: kNarrowMinRows,
+// kNarrowPrefetchNext).
 constexpr int64_t kNarrowMinRows = 5;
 constexpr int64_t kNarrowMaxRows = 31;  // to 31 (two vectors; 32 rows keys-major: not measured here)
 constexpr int64_t kNarrowWidth = 32;  // query rows per narrow chunk: two vectors
 constexpr bool kNarrowPrefetchNext = true;
-// Decode across heads' prefetch (vec_avx2.inl): off. On Zen 5, K's rows 8
-// to 64 keys ahead measured 0.96-0.99x in bf16 (docs/performance.md).
+// Decode across heads' prefetch (vec_avx2.inl): off, it did not pay here
+// (tuning table: kHeadsAheadKeys).
 constexpr int64_t kHeadsAheadKeys = 0;
 // Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
 // Keys per narrow tile of one vector of rows and of two (forward.inl,
 // narrow_keys): 64 against 16, where each block of O^T's rows loaded,
-// rescaled and stored its accumulators once per 16 keys (Zen 4, d = 128, 8
-// heads, 2 threads, `flashgrad ab`, 16-20 pairs, forward: f32 Lq = 16, Lk
-// = 4096 / 64k 1.05x / 1.05x, [B, H, L, d] 1.07x, d = 64 1.10x, Lq = 8
-// 1.05x, GQA 32/8 at Lq = 4 1.06x; bf16 without dot products 1.09x; two
-// vectors, Lq = 24 / 31, 1.05-1.08x). 32 keys at Lq = 16: 0.96-0.98x of 64.
+// rescaled and stored its accumulators once per 16 keys (tuning table:
+// kNarrowVecKeys).
 constexpr int64_t kNarrowVecKeys = 64;
 constexpr int64_t kNarrowWideKeys = 64;
 // Rows of a narrow block whose A is bf16 pairs read in place, for nv
 // vectors: as many as the f32 blocks' accumulators. The 4 rows that AVX2's
 // registers allow left one vector four FMA chains for two pipes of 4-cycle
-// FMAs (decode, bf16, d = 128, 8 heads, Lk = 16k, 2 threads, `flashgrad
-// ab`, 7 pairs, against 4 rows: Lq = 16 1.38x, Lq = 24 1.11x; as 8 / 4
-// rows: 1.23x / 0.99x; 12 / 6: 1.23x / 1.06x; 16 / 12: Lq = 24 0.94x, Lq
-// = 31 0.90x of 16 / 8).
+// FMAs (tuning table: narrow_bf16_rows).
 constexpr int narrow_bf16_rows(int nv) { return kNarrowAcc / nv; }
 inline VecF vzero() { return _mm512_setzero_ps(); }
 inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
@@ -111,9 +94,8 @@ inline VecF vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_s
 
 // bf16 elements p[0] and p[1] broadcast as one 32-bit word, and each half
 // as f32 (vec.inl, accumulate_bf16_pairs): the narrow tiles read bf16 K and
-// V in place instead of converting them into f32 stages (Zen 5, bf16 Lq =
-// 16, d = 128, 8 heads, 2 threads, `flashgrad ab`, 15 pairs: Lk = 64k
-// 1.25x, Lk = 16k 1.30x).
+// V in place instead of converting them into f32 stages (tuning table:
+// FG_BF16_PAIRS).
 #define FG_BF16_PAIRS 1
 inline VecF vbroadcast_pair(const void* p) {
   uint32_t w;
@@ -195,9 +177,8 @@ inline void load_bf16_pairs(const uint16_t* src, int64_t n, int64_t npairs, uint
 inline void interleave_bf16_rows(const uint16_t* r0, const uint16_t* r1, int64_t n, int64_t pad, uint32_t* dst) {
   // 32 columns at a time: each row's quarters spread so that the in-lane
   // word unpacks leave the pairs in column order. Against 16 columns of
-  // widened words: half the loads and shuffles (bf16, Lq = 16, d = 128, 8
-  // heads, 2 threads, Zen 4, `flashgrad ab`, 20-40 pairs: Lk = 4096
-  // 1.03x, 64k 1.09x; L = 2048 forward even, backward 1.01x).
+  // widened words: half the loads and shuffles (tuning table:
+  // interleave_bf16_rows).
   const __m512i spread = _mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0);
   int64_t c = 0;
   for (; c + 32 <= pad && c < n; c += 32) {
@@ -324,6 +305,7 @@ inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda
   if (j < n) gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
 }
 
+// Tuning table: kPairMr.
 constexpr int64_t kPairMr = 6;  // gemm_bf16's rows per register block
 
 // n a multiple of 32. Blocks of 6 rows x 64 columns (24 accumulators, 10

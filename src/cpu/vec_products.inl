@@ -227,9 +227,8 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
       // Mr rows along k under one vector (the narrow tiles' S^T without a
       // prefetch): each FMA's broadcast is an offset from its row's
       // pointer, bumped every 4 steps, instead of the row's base plus the
-      // step as an index, which unlaminates the FMA into two uops (decode
-      // from L3, 1 thread, both builds at once: 10.3 -> 11.6 and 10.7 ->
-      // 11.3 GB/s).
+      // step as an index, which unlaminates the FMA into two uops (tuning
+      // table: gemm_f32_block row pointers).
       const float* ar[Mr];
 #pragma GCC unroll 16
       for (int r = 0; r < Mr; ++r) ar[r] = a + r * a_rs;
@@ -255,13 +254,8 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
       // rows' pointers bumped per line. Counting the prefetch's row in
       // every step took 10 scalar uops beside its 12 FMAs (at Mr = 6),
       // and spilled a row pointer. At Nv = 3 (Mr = 4, 16 live vectors on
-      // AVX2) the unrolled steps spilled a vector instead: Lq = 24 ran
-      // 0.95-0.97x. At Nv = 1 (Mr = 8: Lq = 3-8 on AVX2) this loop replaced
-      // 4 steps that counted the prefetch's row in each (Zen 3, f32, d =
-      // 128, 8 heads, 2 threads, `flashgrad ab`, medians of 10 pairs, three
-      // runs: Lq = 8, Lk = 16k 1.05-1.07x, 64k 1.06-1.08x, causal
-      // 1.08-1.10x, 1 thread 1.03-1.10x; Lq = 4 1.06-1.11x; Lq = 3
-      // 1.01-1.05x).
+      // AVX2) the unrolled steps spilled a vector instead, so that keeps the
+      // counted form (tuning table: gemm_f32_block prefetch).
       static_assert(Mr <= 16, "one prefetch per row and line of 16 steps");
       constexpr int64_t kLine = 64 / sizeof(float);
       const float* ar[Mr];
@@ -303,9 +297,7 @@ inline void gemm_f32_block(int64_t k, const TA* a, int64_t a_rs_, int64_t a_cs, 
   };
   // The prefetch's row is counted and its line's address bumped, instead of
   // p % Mr and a test of a_cs in every step: those took 7 scalar uops beside
-  // the step's 12 FMAs (decode, f32, Lq = 16, d = 128, 8 heads, two builds
-  // alternating in one process, medians: Lk = 4096, 1 thread 1.05-1.12x
-  // faster; Lk = 64k, 2 threads 0.99-1.09x).
+  // the step's 12 FMAs (tuning table: gemm_f32_block prefetch).
   if constexpr (Pf) {
     if (a_cs == 1) {
       int64_t r = p % Mr;

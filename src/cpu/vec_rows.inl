@@ -49,13 +49,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 
 // kLanes elements of T from src to dst, as they are, in pieces of at most
 // 32 bytes: decode read K faster from DRAM when its copies were spread out
-// down to half a line. Lq = 1, d = 128, 8 heads, 2 threads, `flashgrad ab
-// --pass forward`, 11 pairs (the unchanged build against itself 1.005x):
-// f32 on AVX-512 in 32-byte pieces against whole lines, Lk = 4096 1.02x,
-// 16k 1.06x, 64k 1.06-1.13x (d = 64 1.06x, 16 heads 1.05x, Lq = 2 1.05x),
-// 128k 1.06-1.09x (avx512 path 1.10x); in 16-byte pieces against 32,
-// 0.98x. bf16 in whole lines against 32-byte pieces, 0.84x at 64k and
-// 0.77x at 128k; in 16-byte pieces, 1.01x.
+// down to half a line (tuning table: copy_lanes piece).
 template <typename T>
 inline void copy_lanes(T* dst, const T* src) {
   constexpr int64_t kPiece = std::min<int64_t>(kLanes, 32 / sizeof(T));
@@ -71,24 +65,15 @@ inline void copy_lanes(T* dst, const T* src) {
 // kLanes / G keys at a time, B independent chains: their rows' G
 // segments are first copied in memory order to stage ([B * kLanes / G, G *
 // d]): the lanes' own loads stride through each row (f32: line h * d / 16
-// + c of head h at step c), an order a reading test read at 34 GB/s against
-// 67-78 in memory order (Zen 5, 2 threads). Without the copy, decode (Lq =
-// 1, 8 heads, d = 128, f32) read K and V at about the staged K^T tiles'
-// rate (32-34 GB/s, alternating runs); with it, `flashgrad ab` against
-// those tiles: f32 1.08x, bf16 1.36x. Prefetching the next blocks' rows
-// while copying measured 0.86-1.05x.
+// + c of head h at step c), an order DRAM serves at about half the rate of
+// memory order (tuning table: scores_heads_g stage).
 // bf16 K on avx2 goes through scores_heads_g as pairs of elements: the
 // kLanes segments of 2 * kLanes elements each read as 32-bit words,
 // transposed, each word split into its two f32 (vpair_lo, vpair_hi),
 // instead of kLanes elements of each widened on load and transposed: half
 // the transposes and no widening, on the shuffle ports. The FMAs, their
-// order and so the scores stay the same. Zen 3, bf16, Lq = 1, d = 128, 8
-// heads, `flashgrad ab --expect-identical` (outputs bitwise identical), 2
-// threads: Lk = 4096 1.22x, 16k 1.11x, 64k 1.12x, 128k 1.22x; d = 64 (16k)
-// 1.20x; 16 heads 1.11x; Lq = 2 1.05x; 1 thread, K and V in L3 (Lk =
-// 1024) 1.38x. The same in scores_rows_whole ([B, H, Lk, d], a head at a
-// time) read 1.00-1.02x, and V read as pairs in pv_heads 0.98-1.01x:
-// neither kept.
+// order and so the scores stay the same. Only here: scores_rows_whole and
+// pv_heads gained nothing from pairs (tuning table: kPairRows).
 template <typename TK>
 constexpr bool kPairRows = FG_BF16_PAIRS && kLanes == 8 && std::is_same<TK, bf16_t>::value;
 
@@ -166,7 +151,8 @@ inline void scores_heads_g(int64_t nj, int64_t d, const float* qx, const TK* k, 
       for (int m = 0; m < M; ++m) vstore(st + m * ldst + (j + u * kpv) * G, acc[u][m]);
   }
 }
-// scores_heads' blocks per pass: st holds round_up(nj, kHeadsBlocks * kLanes / g) * g lanes per row.
+// scores_heads' blocks per pass: st holds round_up(nj, kHeadsBlocks * kLanes / g) * g lanes per row
+// (tuning table: kHeadsBlocks).
 constexpr int kHeadsBlocks = 2;
 template <int M, typename TK>
 inline void scores_heads(int64_t nj, int64_t g, int64_t d, const float* qx, const TK* k, int64_t ldk, float* st,
@@ -186,11 +172,9 @@ inline void scores_heads(int64_t nj, int64_t g, int64_t d, const float* qx, cons
 // P_hr V_h (rs null: C_hr + P_hr V_h) over k keys, with P_hr at p + h *
 // p_hs + r * ldp, C_hr at c + h * c_hs + r * ldc, and V_h's row j at b + j *
 // ldb + h * n. V's rows are read in memory order, each through all its
-// heads before the next: against 2 to 16 rows per pass of a head, f32
-// 0.96-1.08x (within this host's noise), bf16 1.03-1.42x; against V copied
-// in memory order first, as K is, 1.03-1.08x. Every C element gets
-// the same FMAs in the same order as from gemm_rows_whole. acc: [g * M *
-// n] scratch.
+// heads before the next, in place (tuning table: pv_heads order). Every C
+// element gets the same FMAs in the same order as from gemm_rows_whole.
+// acc: [g * M * n] scratch.
 template <int M, int Xv, typename TB>
 inline void pv_heads_block(int64_t x, const float* ph, int64_t ldp, const TB* bh, float* ah, int64_t n) {
   VecF pb[M];
