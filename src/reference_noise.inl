@@ -6,7 +6,8 @@
 //  - the cancellation in dS = P (dP - delta), summed over its terms
 //    (head_backward's noise mode);
 //  - the exponents: log P_ij carries the logit's roundings, that of S - lse,
-//    exp's error and lse's own, at most e_ij; their effects on an output,
+//    exp's error and lse's own, at most e_ij; with 16-bit storage P is also
+//    rounded to it before P V (p_roundoff). Their effects on an output,
 //    root-sum-square over its terms, as independent roundings add.
 
 namespace {
@@ -15,6 +16,15 @@ namespace {
 // is within 1.15 ulp (tests/test_vec.cpp), f64's std::exp within 1, and an
 // ulp is at most 2 u.
 constexpr Real kExpError = 2.3;
+
+// The unit roundoff of P rounded to 16-bit storage before P V, as the
+// naive path and the bf16 pair products round it; 0 where P stays in the
+// accumulation type.
+Real p_roundoff(const AttnParams& p) {
+  if (p.dtype == DType::bf16) return std::ldexp(Real(1), -8);
+  if (p.dtype == DType::f16) return std::ldexp(Real(1), -11);
+  return 0;
+}
 
 // sqrt(sum of squares), built term by term.
 struct Rss {
@@ -40,7 +50,7 @@ struct ExponentNoise {
 // less the sink's share's times out_ic.
 ExponentNoise exponent_noise(const AttnParams& p, const HeadForward& f, const Matrix& v, int64_t h) {
   const int64_t lq = f.lq, lk = f.lk, dv = p.head_dim_v;
-  const Real u = unit_roundoff(p), inf = std::numeric_limits<Real>::infinity();
+  const Real u = unit_roundoff(p), up = p_roundoff(p), inf = std::numeric_limits<Real>::infinity();
   const Real sink = p.sinks ? p.sinks[h * p.sinks_stride] : -inf;
   const std::vector<Real> rows(static_cast<size_t>(lq), 0);
   ExponentNoise n{Matrix(static_cast<size_t>(lq * lk), 0), rows, rows, rows, Matrix(static_cast<size_t>(lq * dv), 0)};
@@ -80,8 +90,11 @@ ExponentNoise exponent_noise(const AttnParams& p, const HeadForward& f, const Ma
       const Real out = f.out[i * dv + c];
       Rss o;
       o.add(sink_p * n.sink[r] * out);
-      for (int64_t j = 0; j < lk; ++j)
-        o.add(f.p[i * lk + j] * n.e[i * lk + j] * (f.z[i * lk + j] * v[j * dv + c] - out));
+      for (int64_t j = 0; j < lk; ++j) {
+        const int64_t x = i * lk + j;
+        o.add(f.p[x] * n.e[x] * (f.z[x] * v[j * dv + c] - out));
+        o.add(f.p[x] * up * f.z[x] * v[j * dv + c]);
+      }
       n.out[i * dv + c] = o.value();
     }
   }
@@ -115,6 +128,7 @@ ExponentGrads exponent_grads(const AttnParams& p, const HeadForward& f, const Ma
                              const ExponentNoise& n) {
   const int64_t lq = f.lq, lk = f.lk, dv = p.head_dim_v;
   const Arith ar = arith(p, Precision::f64);
+  const Real up = p_roundoff(p);
   const Matrix dp = abt(ar, go, v, lq, lk, dv, 1);
   ExponentGrads g{Matrix(static_cast<size_t>(lq * lk), 0), Matrix(static_cast<size_t>(lq * lk), 0),
                   std::vector<Real>(static_cast<size_t>(lq), 0)};
@@ -127,6 +141,7 @@ ExponentGrads exponent_grads(const AttnParams& p, const HeadForward& f, const Ma
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t x = i * lk + j;
       dd.add(n.e[x] * f.p[x] * (dp[x] * f.z[x] - delta));
+      dd.add(up * f.p[x] * f.z[x] * dp[x]);
     }
     g.delta[r] = dd.value();
     for (int64_t j = 0; j < lk; ++j) {
@@ -149,6 +164,7 @@ Matrix squares(Matrix m) {
 // plus RSS of the exponents' terms, over the group's query heads.
 void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t* keep, std::vector<Real>& dsinks) {
   const Arith ar = arith(p, Precision::f64);
+  const Real up = p_roundoff(p);
   const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   const int64_t lk = p.len_k(b), lq = p.len_q(b);
   const Matrix k_abs = absolute(gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d));
@@ -183,7 +199,7 @@ void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t*
     const Matrix dkh = reduce(ar, lk, d, lq, by_row(c.ds), q_abs, p.scale);
     const Matrix dkh_sq = reduce(ar, lk, d, lq, by_row(ds2), squares(q_abs), p.scale * p.scale);
     Matrix pez(f.p.size());
-    for (size_t x = 0; x < pez.size(); ++x) pez[x] = f.p[x] * n.e[x] * f.z[x];
+    for (size_t x = 0; x < pez.size(); ++x) pez[x] = f.p[x] * std::hypot(n.e[x], up) * f.z[x];
     const Matrix dvh_sq = reduce(ar, lk, dv, lq, by_row(squares(pez)), squares(go), 1);
     for (size_t x = 0; x < dk.size(); ++x) dk[x] += dkh[x], dk_sq[x] += dkh_sq[x];
     for (size_t x = 0; x < dv_sq.size(); ++x) dv_sq[x] += dvh_sq[x];
