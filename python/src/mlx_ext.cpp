@@ -142,7 +142,8 @@ class FlashAttentionVJP : public mx::Primitive {
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override { no_gpu(); }
   const char* name() const override { return "FlashgradAttentionVJP"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return p_ == static_cast<const FlashAttentionVJP&>(other).p_;
+    const auto* o = dynamic_cast<const FlashAttentionVJP*>(&other);
+    return o && p_ == o->p_;
   }
 
  private:
@@ -195,7 +196,8 @@ class FlashAttention : public mx::Primitive {
   }
   const char* name() const override { return "FlashgradAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return p_ == static_cast<const FlashAttention&>(other).p_;
+    const auto* o = dynamic_cast<const FlashAttention*>(&other);
+    return o && p_ == o->p_;
   }
 
  private:
