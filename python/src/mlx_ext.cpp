@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,12 +66,19 @@ std::string shape_str(const mx::array& a) {
   return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+std::string dtype_str(mx::Dtype t) {
+  std::ostringstream os;
+  os << t;
+  return "dtype " + os.str();
+}
+
 DType to_dtype(mx::Dtype t) {
   if (t == mx::float32) return DType::f32;
   if (t == mx::bfloat16) return DType::bf16;
   if (t == mx::float16) return DType::f16;
   if (t == mx::bool_ || t == mx::uint8) return DType::u8;
-  throw std::invalid_argument("flashgrad.mlx: dtype not supported by the kernels");
+  throw std::invalid_argument("flashgrad.mlx: expected dtype float32, bfloat16, float16 or bool, got " +
+                              dtype_str(t));
 }
 
 // A [B, N, T, D] MLX array as the library's [B, T, N, D] view (no copy).
@@ -208,8 +216,8 @@ void check_inputs(const mx::array& q, const mx::array& k, const mx::array& v) {
   for (auto [name, a] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
     if (a->ndim() != 4) fail(name, "4 dims [B, N, T, D]", "shape " + shape_str(*a));
     if (a->dtype() != mx::float32 && a->dtype() != mx::bfloat16 && a->dtype() != mx::float16)
-      fail(name, "dtype float32, bfloat16 or float16", "another dtype");
-    if (a->dtype() != q.dtype()) fail(name, "q's dtype", "another dtype");
+      fail(name, "dtype float32, bfloat16 or float16", dtype_str(a->dtype()));
+    if (a->dtype() != q.dtype()) fail(name, "q's " + dtype_str(q.dtype()), dtype_str(a->dtype()));
   }
   if (k.shape(0) != q.shape(0) || k.shape(3) != q.shape(3))
     fail("k", "shape (B, N_kv, T_kv, D) with q's B and D", "shape " + shape_str(k));
