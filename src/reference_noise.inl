@@ -6,7 +6,7 @@
 //  - the cancellation in dS = P (dP - delta), summed over its terms
 //    (head_backward's noise mode);
 //  - the exponents: log P_ij carries the logit's roundings, that of S - lse,
-//    exp's error and lse's own, at most e_ij; with 16-bit storage P is also
+//    exp's error and lse's own, together e_ij; with 16-bit storage P is also
 //    rounded to it before P V (p_roundoff). Their effects on an output,
 //    root-sum-square over its terms, as independent roundings add.
 
@@ -34,7 +34,7 @@ struct Rss {
 };
 
 struct ExponentNoise {
-  Matrix e;                  // [lq, lk]: bound on |d log P_ij|, 0 where masked
+  Matrix e;                  // [lq, lk]: log P_ij's first-order noise, 0 where masked
   std::vector<Real> sink;    // [lq]: the same for the sink's share
   std::vector<Real> sink_p;  // [lq]: the sink's share exp(sink - lse_i)
   std::vector<Real> lse;     // [lq]: lse's noise
@@ -44,8 +44,9 @@ struct ExponentNoise {
 // lse = m + log(sum_j exp(S_ij - m)) moves by sum_j P_ij dS_ij (the logits'
 // and exps' errors, RSS over j) and the roundings of the sum l (u), of
 // log l and of m + log l. P_ij = exp(S_ij - lse_i) from the stored lse
-// then carries u (mag_ij + |S_ij - lse_i| + exp) plus lse's noise; a
-// forward's exp(S - m) / l the same, with m for lse and l's error in lse's.
+// then carries u sqrt(mag2_ij), u |S_ij - lse_i|, exp's error and lse's
+// noise, root-sum-square; a forward's exp(S - m) / l the same, with m for
+// lse and l's error in lse's.
 // out_ic = sum_j P_ij z_ij v_jc moves by sum_j P_ij d(log P_ij) (z_ij v_jc - out_ic),
 // less the sink's share's times out_ic.
 ExponentNoise exponent_noise(const AttnParams& p, const HeadForward& f, const Matrix& v, int64_t h) {
