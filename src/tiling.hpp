@@ -42,7 +42,7 @@ struct ForwardScratch {
   int64_t q, qt, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, row_lo_f, row_hi_f, row_pos_f,
       row_slope_f, row_bias, row_mask, row_drop_x, row_drop_bh, total;
   // Pair products only: K/V tiles as the products read them, kept across the
-  // query blocks of a task's K/V heads (forward.inl, PairTileCache):
+  // query blocks of a task's K/V heads (forward_keys_major.inl, PairTileCache):
   // pair_slots slots of pair_slot elements each, a ready byte per slot, and
   // pair_tag (3 int64: batch, first K/V head, split) naming whose tiles
   // they hold.

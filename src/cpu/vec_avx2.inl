@@ -5,12 +5,12 @@ using VecF = __m256;
 constexpr int64_t kLanes = 8;
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 2;  // 12 accumulators of the 16 ymm registers
-// P V over V rows read in place at 1 to kWholeRows query rows (forward.inl) reads
+// P V over V rows read in place at 1 to kWholeRows query rows (forward_tiles.inl) reads
 // whole rows a few at a time (gemm_rows_whole): passes of one or two lines
 // over every row, rows a page apart, waited on every fetch (tuning table:
 // kWholeRows, gemm_rows_whole).
 constexpr int64_t kWholeRows = 4;
-// Narrow tiles (forward.inl) ask L2 for the next tile's K and V rows, the
+// Narrow tiles (forward_narrow.inl) ask L2 for the next tile's K and V rows, the
 // next K/V head's or the next keys', spread over the products' steps, for
 // rows in place in any layout. Asking for them all at once before each
 // tile did not pay: a burst stalls on its own misses (tuning table:
@@ -20,12 +20,12 @@ constexpr bool kNarrowPrefetchNext = true;
 // stacked rows, staged at 5-7) from 3 rows on, with 8 lanes for 3-7 rows;
 // at 1 and 2 rows the whole-row products stay ahead (tuning table:
 // kNarrowMinRows). Softcapped, ALiBi, bias, masked and dropout scores take
-// the narrow tiles too (forward.inl, narrow_products); ALiBi whose positions
+// the narrow tiles too (forward_narrow.inl, narrow_products); ALiBi whose positions
 // f32 cannot hold keeps the row path (and whole rows up to 4).
 constexpr int64_t kNarrowMinRows = 3;
-constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward.inl, narrow_chunks)
+constexpr int64_t kNarrowMaxRows = 96;  // in chunks of kNarrowWidth (forward_narrow.inl, narrow_chunks)
 constexpr int64_t kNarrowWidth = 32;    // query rows per narrow chunk: four vectors
-constexpr int kNarrowAcc = 12;  // narrow tiles (forward.inl): blocks one to four vectors wide
+constexpr int kNarrowAcc = 12;  // narrow tiles (forward_narrow.inl): blocks one to four vectors wide
 // Narrow tiles of two vectors of rows or more step through 32 keys, not 16:
 // each block of O^T's rows then reloads and stores its accumulators once per
 // 32 keys; one vector of rows keeps 16 (tuning table: kNarrowVecKeys).

@@ -7,11 +7,11 @@ constexpr int64_t kLanes = 16;
 // accumulators; fewer loads per FMA than 12 x 32 (tuning table: kGemmMr).
 constexpr int64_t kGemmMr = 6;
 constexpr int64_t kGemmVecs = 4;
-// Whole-row decode products (forward.inl) at 1 to 4 query rows; most decode
+// Whole-row decode products (forward_tiles.inl) at 1 to 4 query rows; most decode
 // tasks of [B, L, H, d] go across heads (heads_across; tuning table:
 // kWholeRows).
 constexpr int64_t kWholeRows = 4;
-// Narrow tiles (forward.inl) from 5 stacked query rows, with the next tile's
+// Narrow tiles (forward_narrow.inl) from 5 stacked query rows, with the next tile's
 // K and V rows asked of L2 during the products (vec_avx2.inl); whole rows
 // (kWholeRows) stay ahead to 4 (tuning table: kNarrowMinRows,
 // kNarrowPrefetchNext).
@@ -22,9 +22,9 @@ constexpr bool kNarrowPrefetchNext = true;
 // Decode across heads' prefetch (vec_avx2.inl): off, it did not pay here
 // (tuning table: kHeadsAheadKeys).
 constexpr int64_t kHeadsAheadKeys = 0;
-// Narrow tiles (forward.inl): accumulators of a one- or two-vector-wide block.
+// Narrow tiles (forward_narrow.inl): accumulators of a one- or two-vector-wide block.
 constexpr int kNarrowAcc = 16;
-// Keys per narrow tile of one vector of rows and of two (forward.inl,
+// Keys per narrow tile of one vector of rows and of two (forward_narrow.inl,
 // narrow_keys): 64 against 16, where each block of O^T's rows loaded,
 // rescaled and stored its accumulators once per 16 keys (tuning table:
 // kNarrowVecKeys).

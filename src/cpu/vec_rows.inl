@@ -45,7 +45,7 @@ inline void scores_rows_whole(int64_t nj, int64_t d, const float* q, int64_t ldq
 #if FG_TRANSPOSE_REGS
 // Decode over g heads whose K and V rows lie side by side in memory (rows
 // of [batch, seq, heads, dim]), each row read through, all its heads at
-// once, in memory order (forward.inl, heads_across).
+// once, in memory order (forward_paths.inl, heads_across).
 
 // kLanes elements of T from src to dst, as they are, in pieces of at most
 // 32 bytes: decode read K faster from DRAM when its copies were spread out
