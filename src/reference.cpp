@@ -62,12 +62,20 @@ void forward(const Options& opts, const TensorView& q, const TensorView& k, cons
 }
 
 void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
-              const TensorView& dout, const Grads& grads, Precision prec, const uint8_t* keep) {
+              const TensorView& dout, const Grads& grads, Precision prec, const uint8_t* keep,
+              const ForwardOutputs* also) {
   CallTensors t{&q, &k, &v, nullptr, nullptr, &dout, &grads};
   const AttnParams p = make_params("reference::backward", CallKind::reference_backward, opts, t);
+  AttnParams pf;
+  if (also) {
+    assert(prec != Precision::noise);
+    CallTensors tf{&q, &k, &v, &also->out, &also->lse};
+    pf = make_params("reference::backward", CallKind::reference_forward, opts, tf);
+  }
+  const AttnParams* fwd = also ? &pf : nullptr;
   const auto owned = keep_mask(p, keep);
-  if (p.dtype == DType::f64) return oracle_long_double::backward(p, grads, prec, keep);
-  oracle_double::backward(p, grads, prec, keep);
+  if (p.dtype == DType::f64) return oracle_long_double::backward(p, grads, prec, keep, fwd);
+  oracle_double::backward(p, grads, prec, keep, fwd);
 }
 
 }  // namespace flashgrad::reference

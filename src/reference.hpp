@@ -29,9 +29,17 @@ void forward(const Options& opts, const TensorView& q, const TensorView& k, cons
              const TensorView& out, const TensorView& lse, Precision prec,
              const uint8_t* keep = nullptr);
 
+// Where backward also stores the out and lse it recomputes (f64 views shaped
+// as forward's), saving a caller that wants both a second forward pass.
+struct ForwardOutputs {
+  const TensorView& out;
+  const TensorView& lse;
+};
+
 // Gradients of sum(out * dout), recomputing out and lse itself; all grads f64.
+// also: null, or where to store that out and lse (not in Precision::noise).
 void backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v,
               const TensorView& dout, const Grads& grads, Precision prec,
-              const uint8_t* keep = nullptr);
+              const uint8_t* keep = nullptr, const ForwardOutputs* also = nullptr);
 
 }  // namespace flashgrad::reference

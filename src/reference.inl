@@ -239,18 +239,21 @@ Real unit_roundoff(const AttnParams& p) { return std::ldexp(Real(1), p.dtype == 
 void forward_noise(const AttnParams& p, const uint8_t* keep);
 void backward_noise(const AttnParams& p, const Grads& grads, const uint8_t* keep);
 
+// Stores head (b, h)'s out and lse in p's f64 out and lse.
+void store_forward(const AttnParams& p, int64_t b, int64_t h, const HeadForward& f) {
+  scatter(p.out, b, p.q_start(b), f.lq, h, p.head_dim_v, f.out);
+  auto* lse_out = static_cast<double*>(p.lse.data);
+  for (int64_t i = 0; i < f.lq; ++i)
+    lse_out[row_offset(p.lse, b, p.q_start(b) + i, h)] = static_cast<double>(f.lse[static_cast<size_t>(i)]);
+}
+
 }  // namespace
 
 void forward(const AttnParams& p, Precision prec, const uint8_t* keep) {
   if (prec == Precision::noise) return forward_noise(p, keep);
   const Arith ar = arith(p, prec);
-  auto* lse_out = static_cast<double*>(p.lse.data);
   for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      const HeadForward f = head_forward(p, ar, b, h, keep);
-      scatter(p.out, b, p.q_start(b), f.lq, h, p.head_dim_v, f.out);
-      for (int64_t i = 0; i < f.lq; ++i) lse_out[row_offset(p.lse, b, p.q_start(b) + i, h)] = f.lse[i];
-    }
+    for (int64_t h = 0; h < p.heads_q; ++h) store_forward(p, b, h, head_forward(p, ar, b, h, keep));
 }
 
 namespace {
@@ -354,7 +357,8 @@ void add_dbias(const AttnParams& p, const Arith& ar, int64_t b, int64_t h, const
 
 }  // namespace
 
-void backward(const AttnParams& p, const Grads& grads, Precision prec, const uint8_t* keep) {
+void backward(const AttnParams& p, const Grads& grads, Precision prec, const uint8_t* keep,
+              const AttnParams* fwd) {
   if (prec == Precision::noise) return backward_noise(p, grads, keep);
   const Arith ar = arith(p, prec);
   const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
@@ -368,6 +372,7 @@ void backward(const AttnParams& p, const Grads& grads, Precision prec, const uin
       const Matrix v_ = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const HeadForward f = head_forward(p, ar, b, h, keep);
+        if (fwd) store_forward(*fwd, b, h, f);
         const Matrix q_ = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d);
         const Matrix go = gather(p, p.dout, p.dtype, b, p.q_start(b), lq, h, dv);
         const HeadBackward g = head_backward(p, ar, f, go, v_, false);

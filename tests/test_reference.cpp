@@ -2,7 +2,10 @@
 // calculus: central finite differences of loss = sum(out * dout) in f64.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
 #include <cmath>
+#include <vector>
 
 #include "harness.hpp"
 #include "reference.hpp"
@@ -149,6 +152,76 @@ TEST(ReferenceFiniteDifferences, FullyMaskedRowsHaveZeroGradient) {
           EXPECT_EQ(dq[static_cast<size_t>(((b * c.seqlen_q + i) * c.heads_q + h) * c.head_dim + x)], 0.0);
       }
   check_all(c);
+}
+
+
+// backward's ForwardOutputs are forward's, to the bit, in every precision.
+TEST(ReferenceForwardOutputs, BackwardStoresWhatForwardComputes) {
+  Case c = small("also");
+  c.causal = true;
+  c.softcap = 5;
+  c.sinks = true;
+  for (DType t : {DType::f64, DType::f32, DType::bf16})
+    for (Precision prec : {Precision::f64, Precision::storage, Precision::storage_reversed, Precision::storage_fused}) {
+      c.dtype = t;
+      const Problem p = make_problem(c);
+      Outputs fwd = make_outputs(p, true), both = make_outputs(p, true);
+      reference::forward(p.opts, p.q.view, p.k.view, p.v.view, fwd.out.view, fwd.lse.view, prec);
+      run_reference(p, both, prec, true);
+      EXPECT_EQ(dense(fwd.out), dense(both.out)) << dtype_name(t) << " " << static_cast<int>(prec);
+      EXPECT_EQ(dense(fwd.lse), dense(both.lse)) << dtype_name(t) << " " << static_cast<int>(prec);
+    }
+}
+
+// Bound::verdict stops computing the bound once every output passes; its
+// verdict must be full's whatever the kernel's error. Each output in turn is
+// pushed off by multiples of its full bound, from passing to failing.
+TEST(ToleranceRuleStages, VerdictMatchesFull) {
+  std::vector<Case> cases;
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    Case c = small("stages");
+    c.dtype = t;
+    c.seqlen_q = 7;
+    c.seqlen_k = 9;
+    c.head_dim = c.head_dim_v = 8;
+    c.softcap = t == DType::f32 ? 3 : 0;
+    c.sinks = t == DType::f64;
+    c.bias = t == DType::bf16 ? BiasKind::full : BiasKind::none;
+    c.dbias = c.bias != BiasKind::none;
+    cases.push_back(c);
+  }
+  int failing = 0;
+  for (const Case& c : cases) {
+    const Problem p = make_problem(c);
+    Outputs o = make_outputs(p, false);
+    run_kernels(p, o, true);
+    const Report full = compare_with_reference(p, o, true, Bound::full);
+    ASSERT_TRUE(full.complete);
+    ASSERT_TRUE(full.pass()) << full.table();
+    const std::pair<const char*, Buffer*> bufs[] = {{"out", &o.out}, {"lse", &o.lse},   {"dq", &o.dq},
+                                                    {"dk", &o.dk},   {"dv", &o.dv},     {"dsinks", &o.dsinks},
+                                                    {"dbias", &o.dbias}};
+    for (auto [name, b] : bufs) {
+      if (!b->present()) continue;
+      const int64_t off = offsets(b->view).front();
+      const double x0 = read(b->view, off);
+      double bound = 0;
+      for (const auto& t : full.tensors)
+        if (t.name == name) bound = t.bound();
+      for (double factor : {0.25, 0.9, 1.1, 2.0, 8.0}) {
+        write(b->view, off, x0 + factor * bound);
+        const Report f = compare_with_reference(p, o, true, Bound::full);
+        const Report v = compare_with_reference(p, o, true, Bound::verdict);
+        EXPECT_EQ(f.pass(), v.pass()) << c.describe() << " factor " << factor << "\n" << f.table() << v.table();
+        if (!v.pass()) {
+          EXPECT_TRUE(v.complete);
+        }
+        failing += f.pass() ? 0 : 1;
+      }
+      write(b->view, off, x0);
+    }
+  }
+  EXPECT_GT(failing, 10);  // the perturbations reach failing outputs
 }
 
 }  // namespace

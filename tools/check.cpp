@@ -81,7 +81,7 @@ CheckTotals check_cases(const std::vector<Case>& cases, bool backward, bool verb
     const Case& c = cases[static_cast<size_t>(i)];
     bar.update(i, c.name);
     try {
-      const Report r = testing::check_case(c, backward);
+      const Report r = testing::check_case(c, backward, testing::Bound::full);
       tally(s, c, r);
       if (!verbose && r.pass()) continue;
       bar.clear();
