@@ -3,13 +3,14 @@
 and "eager" side by side, in one run.
 
     <venv>/bin/python bench/train_e2e.py [--contexts 1024,2048,4096,8192,16384] [--steps 6]
-                                         [--models llama,mistral_window] [--out DIR]
+                                         [--models llama,mistral_window] [--dtype f32|bf16] [--out DIR]
 
 Models are built from configs written here and randomly initialised (no downloads): a
 Llama-style model (6 layers, d_model 512, 8 query heads over 2 K/V heads, head dim 64) and the
 same with Mistral's sliding window (1024 keys). Each (model, context, implementation) trains in
 its own process from the same seed on the same batches (a copy task: the second half of each
-sequence repeats the first, so the loss falls), with AdamW, batch 1, float32. After one warm-up
+sequence repeats the first, so the loss falls), with AdamW, batch 1, float32 (--dtype bf16: weights, activations and attention
+in bfloat16, as a model cast with .to(torch.bfloat16) trains). After one warm-up
 step it reports tokens per second (the median step), the process's peak resident memory and
 every step's loss. A configuration whose attention would not fit in memory (eager's scores grow
 as L^2) is reported as such instead of run. Writes DIR/train_e2e.json, .md and .png.
@@ -67,6 +68,7 @@ def child(cfg: dict) -> dict:
     torch.manual_seed(0)
     config = _config(cfg["model"], cfg["context"])
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=cfg["impl"])
+    model.to({"f32": torch.float32, "bf16": torch.bfloat16}[cfg["dtype"]])
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, times = [], []
@@ -83,8 +85,8 @@ def child(cfg: dict) -> dict:
 
 
 def _eager_fits(cfg: dict) -> bool:
-    """eager keeps each layer's scores and probabilities ([heads, L, L], float32) for backward."""
-    need = cfg["context"] ** 2 * 8 * 4 * 3 * 6
+    """eager keeps each layer's scores and probabilities ([heads, L, L]) for backward."""
+    need = cfg["context"] ** 2 * 8 * {"f32": 4, "bf16": 2}[cfg["dtype"]] * 3 * 6
     with open("/proc/meminfo") as f:
         avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     return need < 0.8 * avail
@@ -102,7 +104,8 @@ def run(cfg: dict) -> dict:
 
 
 def report(rows, meta, out_dir):
-    lines = [f"# End-to-end training on the CPU\n\n{meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}, "
+    lines = [f"# End-to-end training on the CPU\n\n{meta['cpu']}, {meta['threads']} threads, {meta['dtype']}, "
+             f"torch {meta['torch']}, "
              f"transformers {meta['transformers']}. Command: `{meta['command']}`\n",
              "| model | context | impl | tokens/s | over sdpa | peak MiB | first / last loss |",
              "|---|---:|---|---:|---:|---:|---|"]
@@ -149,7 +152,7 @@ def _plot(rows, meta, path):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{meta['cpu']}, {meta['threads']} threads", fontsize=9)
+    fig.suptitle(f"{meta['cpu']}, {meta['threads']} threads, {meta['dtype']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -160,6 +163,7 @@ def main():
     ap.add_argument("--contexts", default="1024,2048,4096,8192,16384")
     ap.add_argument("--models", default="llama,mistral_window")
     ap.add_argument("--steps", type=int, default=6, help="timed steps after one warm-up step")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "train_e2e"))
     a = ap.parse_args()
@@ -170,13 +174,15 @@ def main():
     import transformers
 
     os.makedirs(a.out, exist_ok=True)
-    meta = {"cpu": cpu_model(), "threads": a.threads, "torch": torch.__version__, "transformers": transformers.__version__,
+    meta = {"cpu": cpu_model(), "threads": a.threads, "dtype": a.dtype, "torch": torch.__version__,
+            "transformers": transformers.__version__,
             "command": " ".join(sys.argv)}
     rows = []
     for model in a.models.split(","):
         for context in (int(x) for x in a.contexts.split(",")):
             for impl in IMPLS:
-                cfg = {"model": model, "context": context, "impl": impl, "steps": a.steps, "threads": a.threads}
+                cfg = {"model": model, "context": context, "impl": impl, "steps": a.steps, "threads": a.threads,
+                       "dtype": a.dtype}
                 row = dict(cfg, result=run(cfg))
                 rows.append(row)
                 res = row["result"]
