@@ -11,16 +11,18 @@
 
 namespace flashgrad::reference {
 
-// storage_reversed runs every sum in the opposite order, and storage_fused
+// storage_reversed runs every sum in the opposite order, storage_fused
 // runs the matrix products' sums as FMA chains (one rounding per term, the
-// way f32 tile products and BLAS kernels run them), so that the error of "a"
-// naive computation is not judged by one lucky rounding sequence. noise
+// way f32 tile products and BLAS kernels run them), and storage_softmax
+// takes P as a framework's softmax does, exp(S - m) / sum, where the others
+// take exp(S - lse), so that the error of "a" naive computation is not
+// judged by one lucky rounding sequence. noise
 // returns, per element, the first-order rounding noise that any algorithm in
 // the accumulation precision carries where one rounding sequence cannot
 // measure it: the softmax's exponents (every output) and the cancellation
 // dS = P * (dP - delta) of dP and delta summed apart (the gradients);
 // reference_noise.inl, docs/design.md "The tolerance rule".
-enum class Precision { f64, storage, storage_reversed, storage_fused, noise };
+enum class Precision { f64, storage, storage_reversed, storage_fused, storage_softmax, noise };
 
 // As flashgrad::forward, but out and lse are f64 views. keep: u8
 // [batch, heads_q, seqlen_q, seqlen_k] contiguous (longest sequences when

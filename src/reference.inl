@@ -27,6 +27,7 @@ struct Arith {
   bool naive;
   bool reversed;  // sums run last-to-first: a second, equally valid naive order
   bool fused;     // products' sums as FMA chains: a third
+  bool softmax;   // P = exp(S - m) / sum instead of exp(S - lse): a fourth
   int64_t at(int64_t n, int64_t count) const { return reversed ? count - 1 - n : n; }
   Real round(Real x) const {
     if (!naive) return x;
@@ -216,7 +217,11 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
     for (int64_t n_ = 0; n_ < lk; ++n_)
       sum = ar.acc(sum + ar.acc(std::exp(ar.acc(f.s[i * lk + ar.at(n_, lk)] - m))));
     f.lse[i] = ar.acc(m + ar.acc(std::log(sum)));
-    for (int64_t j = 0; j < lk; ++j) f.p[i * lk + j] = ar.acc(std::exp(ar.acc(f.s[i * lk + j] - f.lse[i])));
+    for (int64_t j = 0; j < lk; ++j) {
+      Real& pij = f.p[i * lk + j];
+      pij = ar.softmax ? ar.acc(ar.acc(std::exp(ar.acc(f.s[i * lk + j] - m))) / sum)
+                       : ar.acc(std::exp(ar.acc(f.s[i * lk + j] - f.lse[i])));
+    }
   }
   f.out.assign(static_cast<size_t>(lq * dv), 0.0);
   for (int64_t i = 0; i < lq; ++i)
@@ -229,7 +234,8 @@ HeadForward head_forward(const AttnParams& p, const Arith& ar, int64_t b, int64_
 
 Arith arith(const AttnParams& p, Precision prec) {
   const bool naive = prec != Precision::f64 && prec != Precision::noise;
-  return Arith{p.dtype, naive, prec == Precision::storage_reversed, prec == Precision::storage_fused};
+  return Arith{p.dtype, naive, prec == Precision::storage_reversed, prec == Precision::storage_fused,
+               prec == Precision::storage_softmax};
 }
 
 // The accumulation's unit roundoff: f64 for f64 storage, else f32.

@@ -33,69 +33,93 @@ struct Rss {
   Real value() const { return std::sqrt(sq); }
 };
 
+// A sum's own roundings relative to u: each addition after the first rounds
+// its partial sum s_k by at most u |s_k|, RSS over the additions; the
+// partial sums are the forward order's.
+template <typename Term>
+Real sum_roundings(int64_t count, Term term) {
+  Real s = 0;
+  Rss r;
+  for (int64_t n = 0; n < count; ++n) {
+    s += term(n);
+    if (n > 0) r.add(s);
+  }
+  return r.value();
+}
+
 struct ExponentNoise {
-  Matrix e;                  // [lq, lk]: log P_ij's first-order noise, 0 where masked
+  Matrix logit;              // [lq, lk]: the logit's noise, which lse shares (P renormalizes it)
+  Matrix own;                // [lq, lk]: exp's and S - lse's, P_ij's alone
+  Matrix e;                  // [lq, lk]: log P_ij's whole first-order noise, 0 where masked
   std::vector<Real> sink;    // [lq]: the same for the sink's share
   std::vector<Real> sink_p;  // [lq]: the sink's share exp(sink - lse_i)
+  std::vector<Real> eps;     // [lq]: lse's own noise, common to every P_ij of the row
   std::vector<Real> lse;     // [lq]: lse's noise
   Matrix out;                // [lq, dv]: out's noise
 };
 
-// lse = m + log(sum_j exp(S_ij - m)) moves by sum_j P_ij dS_ij (the logits'
-// and exps' errors, RSS over j) and the roundings of the sum l (u), of
-// log l and of m + log l. P_ij = exp(S_ij - lse_i) from the stored lse
-// then carries u sqrt(mag2_ij), u |S_ij - lse_i|, exp's error and lse's
-// noise, root-sum-square; a forward's exp(S - m) / l the same, with m for
-// lse and l's error in lse's.
-// out_ic = sum_j P_ij z_ij v_jc moves by sum_j P_ij d(log P_ij) (z_ij v_jc - out_ic),
-// less the sink's share's times out_ic.
+// lse = m + log(l), l = sum_j exp(S_ij - m), moves by sum_j P_ij dS_ij (the
+// logits' errors, which P then renormalizes) and by its own error eps: the
+// exps of l's terms (sum_j P_ij exp's error), l's additions, log l
+// (u |lse - m|) and m + log l (u |lse|). P_ij = exp(S_ij - lse_i) carries
+// the logit's dS_ij, exp's error and S - lse's rounding (own_ij), and -eps.
+void lse_noise(const AttnParams& p, const HeadForward& f, int64_t i, Real sink, ExponentNoise& n) {
+  const int64_t lk = f.lk;
+  const auto r = static_cast<size_t>(i);
+  const Real u = unit_roundoff(p), inf = std::numeric_limits<Real>::infinity(), lse = f.lse[r];
+  const Real sink_p = p.sinks ? std::exp(sink - lse) : 0;
+  Real m = sink;
+  Rss logits, own;
+  own.add(sink_p * kExpError);
+  for (int64_t j = 0; j < lk; ++j) {
+    const int64_t x = i * lk + j;
+    m = std::max(m, f.s[x]);
+    if (f.s[x] == -inf) continue;
+    logits.add(f.p[x] * std::sqrt(f.mag2[x]));
+    own.add(f.p[x] * kExpError);
+  }
+  const int64_t first = p.sinks ? -1 : 0;
+  own.add(sum_roundings(lk - first, [&](int64_t n_) { return n_ + first < 0 ? sink_p : f.p[i * lk + n_ + first]; }));
+  own.add(lse - m);
+  own.add(lse);
+  n.eps[r] = u * own.value();
+  n.lse[r] = std::hypot(u * logits.value(), n.eps[r]);
+  n.sink_p[r] = sink_p;
+  n.sink[r] = p.sinks ? std::hypot(u * std::sqrt((sink - lse) * (sink - lse) + kExpError * kExpError), n.lse[r]) : 0;
+  for (int64_t j = 0; j < lk; ++j) {
+    const int64_t x = i * lk + j;
+    if (f.s[x] == -inf) continue;
+    const Real diff = f.s[x] - lse;
+    n.logit[x] = u * std::sqrt(f.mag2[x]);
+    n.own[x] = u * std::sqrt(diff * diff + kExpError * kExpError);
+    n.e[x] = std::sqrt(n.logit[x] * n.logit[x] + n.own[x] * n.own[x] + n.lse[r] * n.lse[r]);
+  }
+}
+
+// out_ic = sum_j P_ij z_ij v_jc moves by sum_j P_ij dS_ij (z_ij v_jc - out_ic)
+// (the logits' errors, renormalized), sum_j P_ij own_ij z_ij v_jc, -eps out_ic,
+// P's rounding to 16-bit storage (u_p P_ij z_ij v_jc), and the sum's own roundings.
 ExponentNoise exponent_noise(const AttnParams& p, const HeadForward& f, const Matrix& v, int64_t h) {
   const int64_t lq = f.lq, lk = f.lk, dv = p.head_dim_v;
   const Real u = unit_roundoff(p), up = p_roundoff(p), inf = std::numeric_limits<Real>::infinity();
   const Real sink = p.sinks ? p.sinks[h * p.sinks_stride] : -inf;
   const std::vector<Real> rows(static_cast<size_t>(lq), 0);
-  ExponentNoise n{Matrix(static_cast<size_t>(lq * lk), 0), rows, rows, rows, Matrix(static_cast<size_t>(lq * dv), 0)};
+  const Matrix pairs(static_cast<size_t>(lq * lk), 0);
+  ExponentNoise n{pairs, pairs, pairs, rows, rows, rows, rows, Matrix(static_cast<size_t>(lq * dv), 0)};
   for (int64_t i = 0; i < lq; ++i) {
-    const auto r = static_cast<size_t>(i);
-    const Real lse = f.lse[r];
-    if (lse == -inf) continue;
-    const Real sink_p = p.sinks ? std::exp(sink - lse) : 0;
-    Real m = sink;
-    Rss terms;
-    terms.add(sink_p * kExpError);
-    for (int64_t j = 0; j < lk; ++j) {
-      const int64_t x = i * lk + j;
-      m = std::max(m, f.s[x]);
-      if (f.s[x] > -inf) terms.add(f.p[x] * std::sqrt(f.mag2[x] + kExpError * kExpError));
-    }
-    terms.add(1);
-    terms.add(lse - m);
-    terms.add(lse);
-    n.lse[r] = u * terms.value();
-    auto own = [&](Real diff) {  // exp(diff)'s roundings, then lse's
-      Rss e;
-      e.add(u * std::sqrt(diff * diff + kExpError * kExpError));
-      e.add(n.lse[r]);
-      return e;
-    };
-    n.sink[r] = p.sinks ? own(sink - lse).value() : 0;
-    n.sink_p[r] = sink_p;
-    for (int64_t j = 0; j < lk; ++j) {
-      const int64_t x = i * lk + j;
-      if (f.s[x] == -inf) continue;
-      Rss e = own(f.s[x] - lse);
-      e.sq += u * u * f.mag2[x];
-      n.e[x] = e.value();
-    }
+    if (f.lse[static_cast<size_t>(i)] == -inf) continue;
+    lse_noise(p, f, i, sink, n);
     for (int64_t c = 0; c < dv; ++c) {
       const Real out = f.out[i * dv + c];
       Rss o;
-      o.add(sink_p * n.sink[r] * out);
+      o.add(n.eps[static_cast<size_t>(i)] * out);
       for (int64_t j = 0; j < lk; ++j) {
         const int64_t x = i * lk + j;
-        o.add(f.p[x] * n.e[x] * (f.z[x] * v[j * dv + c] - out));
-        o.add(f.p[x] * up * f.z[x] * v[j * dv + c]);
+        const Real zv = f.z[x] * v[j * dv + c];
+        o.add(f.p[x] * n.logit[x] * (zv - out));
+        o.add(f.p[x] * std::hypot(n.own[x], up) * zv);
       }
+      o.add(u * sum_roundings(lk, [&](int64_t j) { return f.p[i * lk + j] * f.z[i * lk + j] * v[j * dv + c]; }));
       n.out[i * dv + c] = o.value();
     }
   }
@@ -118,8 +142,8 @@ void forward_noise(const AttnParams& p, const uint8_t* keep) {
 
 // The exponents' noise of dS (w.r.t. the bias; ds_score adds softcap's
 // factor 1 - t^2) and of delta. dS_ij = P_ij (z_ij dP_ij - delta_i) moves
-// with log P_ij and with delta_i = dout_i . out_i, which moves by
-// sum_j P_ij d(log P_ij) (z_ij dP_ij - delta_i) less the sink's share's times delta_i.
+// with log P_ij and with delta_i = dout_i . out_i = sum_j P_ij z_ij dP_ij,
+// which moves as out does (exponent_noise), dP in place of v.
 struct ExponentGrads {
   Matrix ds_bias, ds_score;  // [lq, lk]
   std::vector<Real> delta;   // [lq]
@@ -138,11 +162,11 @@ ExponentGrads exponent_grads(const AttnParams& p, const HeadForward& f, const Ma
     Real delta = 0;
     for (int64_t c = 0; c < dv; ++c) delta += go[i * dv + c] * f.out[i * dv + c];
     Rss dd;
-    dd.add(n.sink_p[r] * n.sink[r] * delta);
+    dd.add(n.eps[r] * delta);
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t x = i * lk + j;
-      dd.add(n.e[x] * f.p[x] * (dp[x] * f.z[x] - delta));
-      dd.add(up * f.p[x] * f.z[x] * dp[x]);
+      dd.add(f.p[x] * n.logit[x] * (dp[x] * f.z[x] - delta));
+      dd.add(f.p[x] * std::hypot(n.own[x], up) * f.z[x] * dp[x]);
     }
     g.delta[r] = dd.value();
     for (int64_t j = 0; j < lk; ++j) {
@@ -161,6 +185,18 @@ Matrix squares(Matrix m) {
   return m;
 }
 
+// Adds to sq[r, c] the square of the roundings (sum_roundings, times u and
+// scale) of the matrix product sum over n < count of a(n, r) b[n, c].
+template <typename At>
+void add_product_roundings(Real u_scale, int64_t rows, int64_t cols, int64_t count, At a_at, const Matrix& b,
+                           Matrix& sq) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const Real x = u_scale * sum_roundings(count, [&](int64_t n) { return a_at(n, r) * b[n * cols + c]; });
+      sq[r * cols + c] += x * x;
+    }
+}
+
 // One (batch, K/V head)'s gradients' noise: sums of the cancellation terms
 // plus RSS of the exponents' terms, over the group's query heads.
 void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t* keep, std::vector<Real>& dsinks) {
@@ -168,12 +204,13 @@ void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t*
   const Real up = p_roundoff(p);
   const int64_t d = p.head_dim, dv = p.head_dim_v, group = p.heads_q / p.heads_kv;
   const int64_t lk = p.len_k(b), lq = p.len_q(b);
-  const Matrix k_abs = absolute(gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d));
+  const Real u = unit_roundoff(p);
+  const Matrix k = gather(p, p.k, p.dtype, b, p.k_start(b), lk, hk, d), k_abs = absolute(k);
   const Matrix v = gather(p, p.v, p.dtype, b, p.k_start(b), lk, hk, dv);
   Matrix dk(static_cast<size_t>(lk * d), 0), dk_sq(dk.size(), 0), dv_sq(static_cast<size_t>(lk * dv), 0);
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadForward f = head_forward(p, ar, b, h, keep, true);
-    const Matrix q_abs = absolute(gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d));
+    const Matrix q = gather(p, p.q, p.dtype, b, p.q_start(b), lq, h, d), q_abs = absolute(q);
     const Matrix go = gather(p, p.dout, p.dtype, b, p.q_start(b), lq, h, dv);
     const Matrix qk_abs = abt(ar, q_abs, k_abs, lq, lk, d, p.scale);
     const HeadBackward c = head_backward(p, ar, f, go, v, true, &qk_abs);
@@ -193,15 +230,22 @@ void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t*
     auto by_key = [&](const Matrix& m) { return [&m, lk](int64_t j, int64_t i) { return m[i * lk + j]; }; };
     auto by_row = [&](const Matrix& m) { return [&m, lk](int64_t i, int64_t j) { return m[i * lk + j]; }; };
     const Matrix ds2 = squares(e.ds_score);
+    const Matrix ds = head_backward(p, ar, f, go, v, false).ds;
     Matrix dq = reduce(ar, lq, d, lk, by_key(c.ds), k_abs, p.scale);
-    const Matrix dq_sq = reduce(ar, lq, d, lk, by_key(ds2), squares(k_abs), p.scale * p.scale);
+    Matrix dq_sq = reduce(ar, lq, d, lk, by_key(ds2), squares(k_abs), p.scale * p.scale);
+    add_product_roundings(u * p.scale, lq, d, lk, by_key(ds), k, dq_sq);
     for (size_t x = 0; x < dq.size(); ++x) dq[x] += std::sqrt(dq_sq[x]);
     scatter(p.dq, b, p.q_start(b), lq, h, d, dq);
     const Matrix dkh = reduce(ar, lk, d, lq, by_row(c.ds), q_abs, p.scale);
-    const Matrix dkh_sq = reduce(ar, lk, d, lq, by_row(ds2), squares(q_abs), p.scale * p.scale);
-    Matrix pez(f.p.size());
-    for (size_t x = 0; x < pez.size(); ++x) pez[x] = f.p[x] * std::hypot(n.e[x], up) * f.z[x];
-    const Matrix dvh_sq = reduce(ar, lk, dv, lq, by_row(squares(pez)), squares(go), 1);
+    Matrix dkh_sq = reduce(ar, lk, d, lq, by_row(ds2), squares(q_abs), p.scale * p.scale);
+    add_product_roundings(u * p.scale, lk, d, lq, by_row(ds), q, dkh_sq);
+    Matrix pez(f.p.size()), pz(f.p.size());
+    for (size_t x = 0; x < pez.size(); ++x) {
+      pez[x] = f.p[x] * std::hypot(n.e[x], up) * f.z[x];
+      pz[x] = f.p[x] * f.z[x];
+    }
+    Matrix dvh_sq = reduce(ar, lk, dv, lq, by_row(squares(pez)), squares(go), 1);
+    add_product_roundings(u, lk, dv, lq, by_row(pz), go, dvh_sq);
     for (size_t x = 0; x < dk.size(); ++x) dk[x] += dkh[x], dk_sq[x] += dkh_sq[x];
     for (size_t x = 0; x < dv_sq.size(); ++x) dv_sq[x] += dvh_sq[x];
   }

@@ -437,11 +437,11 @@ Report check_case(const Case& c, bool backward, Bound bound) {
 namespace {
 
 // What a kernel's outputs are judged by: the oracle, the naive computations
-// in three summation orders and the first-order noise
+// (three summation orders and the softmax's form) and the first-order noise
 // (reference::Precision), filled in stages (Bound). Until a stage has run,
 // judge reads the naive order in place of the others and zero noise.
 struct References {
-  Outputs ref, nai, rev, fused, noise;
+  Outputs ref, nai, rev, fused, soft, noise;
   bool fused_differs = false;
   int stages = 0;
 };
@@ -449,7 +449,8 @@ struct References {
 constexpr int kStages = 3;
 
 // Stage 1: the oracle and the naive order. Stage 2: the first-order noise.
-// Stage 3: the reversed and fused orders. Each widens the bound or leaves it.
+// Stage 3: the reversed and fused orders and the softmax's form. Each widens
+// the bound or leaves it.
 void run_stage(const Problem& p, References& r, bool backward) {
   using reference::Precision;
   switch (++r.stages) {
@@ -477,6 +478,8 @@ void run_stage(const Problem& p, References& r, bool backward) {
         r.fused = make_outputs(p, true);
         run_reference(p, r.fused, Precision::storage_fused, backward);
       }
+      r.soft = make_outputs(p, true);
+      run_reference(p, r.soft, Precision::storage_softmax, backward);
       break;
   }
 }
@@ -486,12 +489,13 @@ Report judge(const Problem& p, const Outputs& ker, const References& refs, bool 
   const Outputs &ref = refs.ref, &nai = refs.nai;
   const Outputs& rev = refs.stages >= 3 ? refs.rev : nai;
   const Outputs& fus = refs.fused_differs ? refs.fused : nai;
+  const Outputs& soft = refs.stages >= 3 ? refs.soft : nai;
   const Outputs none;
   const Outputs& noise = refs.stages >= 2 ? refs.noise : none;
   Report r;
   r.complete = refs.stages == kStages;
   auto add = [&](const char* name, const Buffer& k, const Buffer& e, const Buffer& n, const Buffer& nr,
-                 const Buffer& nf, DType storage, const Buffer& first_order) {
+                 const Buffer& nf, const Buffer& ns, DType storage, const Buffer& first_order) {
     if (!k.present()) return;
     TensorError t;
     t.name = name;
@@ -499,7 +503,8 @@ Report judge(const Problem& p, const Outputs& ker, const References& refs, bool 
     for (double x : ed)
       if (std::isfinite(x)) t.max_ref = std::max(t.max_ref, std::fabs(x));
     t.err_kernel = max_err(kd, ed);
-    t.err_naive = std::max({max_err(dense(n), ed), max_err(dense(nr), ed), max_err(dense(nf), ed)});
+    t.err_naive = std::max(
+        {max_err(dense(n), ed), max_err(dense(nr), ed), max_err(dense(nf), ed), max_err(dense(ns), ed)});
     double bound = 0;
     for (double x : dense(first_order)) bound = std::max(bound, x);
     t.noise = rounding_noise(storage, ed) + bound;
@@ -507,14 +512,14 @@ Report judge(const Problem& p, const Outputs& ker, const References& refs, bool 
     r.tensors.push_back(t);
   };
   const DType acc_t = c.dtype == DType::f64 ? DType::f64 : DType::f32;
-  add("out", ker.out, ref.out, nai.out, rev.out, fus.out, c.dtype, noise.out);
-  add("lse", ker.lse, ref.lse, nai.lse, rev.lse, fus.lse, acc_t, noise.lse);
+  add("out", ker.out, ref.out, nai.out, rev.out, fus.out, soft.out, c.dtype, noise.out);
+  add("lse", ker.lse, ref.lse, nai.lse, rev.lse, fus.lse, soft.lse, acc_t, noise.lse);
   if (backward) {
-    add("dq", ker.dq, ref.dq, nai.dq, rev.dq, fus.dq, c.dtype, noise.dq);
-    add("dk", ker.dk, ref.dk, nai.dk, rev.dk, fus.dk, c.dtype, noise.dk);
-    add("dv", ker.dv, ref.dv, nai.dv, rev.dv, fus.dv, c.dtype, noise.dv);
-    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, rev.dsinks, fus.dsinks, acc_t, noise.dsinks);
-    add("dbias", ker.dbias, ref.dbias, nai.dbias, rev.dbias, fus.dbias, acc_t, noise.dbias);
+    add("dq", ker.dq, ref.dq, nai.dq, rev.dq, fus.dq, soft.dq, c.dtype, noise.dq);
+    add("dk", ker.dk, ref.dk, nai.dk, rev.dk, fus.dk, soft.dk, c.dtype, noise.dk);
+    add("dv", ker.dv, ref.dv, nai.dv, rev.dv, fus.dv, soft.dv, c.dtype, noise.dv);
+    add("dsinks", ker.dsinks, ref.dsinks, nai.dsinks, rev.dsinks, fus.dsinks, soft.dsinks, acc_t, noise.dsinks);
+    add("dbias", ker.dbias, ref.dbias, nai.dbias, rev.dbias, fus.dbias, soft.dbias, acc_t, noise.dbias);
   }
   return r;
 }

@@ -3,9 +3,10 @@
 // and the references, and applies the tolerance rule
 //   err(kernel) <= 2 * err(naive, same precision) + noise
 // where both errors are max-abs against the f64 reference and the naive error
-// is the worst of three summation orders. noise is the final rounding, the
-// larger of flash-attn's 2 * max |((ref + 0.3) - 0.3) - ref| in the storage
-// dtype and one ulp of max |ref|, plus the largest first-order noise of an
+// is the worst of four naive computations (three summation orders, and the
+// softmax as exp(S - m) / sum). noise is the final rounding, the larger of
+// flash-attn's 2 * max |((ref + 0.3) - 0.3) - ref| in the storage dtype and
+// one ulp of max |ref|, plus the largest first-order noise of an
 // element (reference::Precision::noise: the softmax's exponents, and for dQ,
 // dK, dsinks and dbias the cancellation dS = P * (dP - delta));
 // docs/design.md, "The tolerance rule".

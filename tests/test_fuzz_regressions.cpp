@@ -35,10 +35,11 @@ INSTANTIATE_TEST_SUITE_P(Issue48, FuzzSeeds, ::testing::Values(216435, 213158));
 // Rows of few effective keys (d 1-3, one to seven query rows, sinks, masks,
 // varlen rows of one key), f32, f64 and bf16: the naive paths' error there is one
 // rounding sequence and can be near 0; the rule's exponent noise covers
-// them (docs/design.md, "The tolerance rule").
+// them (docs/design.md, "The tolerance rule"). 10131401: f64, d 1, one key
+// of a row at P = 0.8: the sums of l and P V rounding alike, over 20 terms.
 INSTANTIATE_TEST_SUITE_P(FewKeys, FuzzSeeds,
                          ::testing::Values(991117, 1005209, 1006432, 1007969, 1009046, 1013081, 1013478, 1014994,
                                            1017385, 1021469, 1022183, 1027752, 1029370, 1032768, 1042884, 1047558,
-                                           1051888, 1055528, 5032900));
+                                           1051888, 1055528, 5032900, 10131401));
 
 }  // namespace

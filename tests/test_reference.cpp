@@ -162,7 +162,8 @@ TEST(ReferenceForwardOutputs, BackwardStoresWhatForwardComputes) {
   c.softcap = 5;
   c.sinks = true;
   for (DType t : {DType::f64, DType::f32, DType::bf16})
-    for (Precision prec : {Precision::f64, Precision::storage, Precision::storage_reversed, Precision::storage_fused}) {
+    for (Precision prec : {Precision::f64, Precision::storage, Precision::storage_reversed, Precision::storage_fused,
+                           Precision::storage_softmax}) {
       c.dtype = t;
       const Problem p = make_problem(c);
       Outputs fwd = make_outputs(p, true), both = make_outputs(p, true);
