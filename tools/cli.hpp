@@ -101,9 +101,6 @@ struct Program {
 // errors exit 1 with their message.
 int run_program(const Program& program, int argc, char** argv);
 
-// `flashgrad check` (check.cpp), shared so that any program can offer it.
-int run_check(Args& args);
-
 std::string version();
 
 }  // namespace flashgrad::tools

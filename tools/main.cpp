@@ -9,6 +9,7 @@
 
 #include "baseline.hpp"
 #include "case_flags.hpp"
+#include "check.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"
 #include "flashgrad/flashgrad.hpp"
