@@ -10,7 +10,7 @@
 //   forward/<isa>/<dtype>/Lq16_Lk512_d128      short queries (narrow tiles)
 //
 // Operands stay in L1/L2: these are the compute rates of the pieces. Whole
-// calls against memory and against peers are `flashgrad bench --sweep`'s job.
+// calls against memory and against peers are `flashgrad-lab sweep`'s job.
 // Each benchmark checks its result before timing it (forward and backward on
 // a shorter copy against the fp64 reference); a wrong result is reported as
 // an error, and makes the exit status 1, instead of a time.

@@ -1,6 +1,6 @@
 // The tile routines of src/cpu/ (the tile product, the softmax rows, the
 // softcap, the register-block transpose) for each ISA, behind function pointers, so that
-// the micro-benchmarks (micro.cpp) and `flashgrad bench --sweep` can time each
+// the micro-benchmarks (micro.cpp) and `flashgrad-lab roofline` can time each
 // ISA's copy on its own. Each tile_ops_<isa>.cpp compiles the same sources the
 // kernels use (vec_<isa>.inl, vec.inl, rows.inl) with that ISA's target.
 #pragma once

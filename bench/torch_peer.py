@@ -17,7 +17,7 @@ scaled_dot_product_attention. For every configuration (dtype, d, causal, L, K/V 
    read after the inputs exist and one call on 16 rows, so both implementations count only
    what this configuration allocates).
 
-The same run measures the machine's arithmetic peak (`flashgrad roofline --peak`) and writes
+The same run measures the machine's arithmetic peak (`flashgrad-lab roofline --peak`) and writes
 DIR/torch_peer.json, DIR/torch_peer.md and DIR/torch_peer.png.
 """
 from __future__ import annotations
@@ -202,13 +202,13 @@ def flops(cfg) -> tuple:
 
 
 def peaks(threads: int) -> dict:
-    exe = os.environ.get("FLASHGRAD_CLI", os.path.join(ROOT, "build", "tools", "flashgrad"))
+    exe = os.environ.get("FLASHGRAD_LAB", os.path.join(ROOT, "build", "bench", "flashgrad-lab"))
     try:
         p = subprocess.run([exe, "roofline", "--peak", "--json", "--threads", str(threads)],
                            capture_output=True, text=True, check=True)
         return json.loads(p.stdout)
     except (OSError, subprocess.CalledProcessError, ValueError) as e:
-        print(f"torch_peer: no arithmetic peak ({exe}: {e}); build the CLI first", file=sys.stderr)
+        print(f"torch_peer: no arithmetic peak ({exe}: {e}); build flashgrad-lab first (it needs OpenBLAS)", file=sys.stderr)
         return {}
 
 

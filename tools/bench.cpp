@@ -144,7 +144,6 @@ void print_table(const Case& c, const Case& small, const testing::Report& r, int
 }  // namespace
 
 int run_bench(Args& args) {
-  if (args.has("--sweep")) return run_sweep(args);
   const Case c = case_from_flags(args);
   const int64_t repeats = args.integer("--repeats", 5, 1);
   const int64_t warmup = args.integer("--warmup", 1, 0);

@@ -1,14 +1,18 @@
 // Running Case lists through the harness's tolerance rule, shared by
-// `flashgrad check`, `flashgrad demo` and `flashgrad bench`.
+// `flashgrad check`, `flashgrad demo`, `flashgrad bench` and the lab.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "harness.hpp"
 
 namespace flashgrad::tools {
+
+// `flashgrad check`.
+int run_check(Args& args);
 
 struct CheckTotals {
   int64_t passed = 0, failed = 0, errors = 0;

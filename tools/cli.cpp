@@ -8,10 +8,43 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "flashgrad/flashgrad.hpp"
+
 namespace flashgrad::tools {
 
-Args::Args(std::string command, std::vector<std::string> tokens)
-    : command_(std::move(command)), tokens_(std::move(tokens)), used_(tokens_.size(), false) {}
+std::string version() { return flashgrad::version(); }
+
+int run_program(const Program& program, int argc, char** argv) {
+  const std::string first = argc < 2 ? "" : argv[1];
+  if (argc < 2 || first == "-h" || first == "--help" || first == "help") {
+    std::fputs(program.overview, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  Args args(program.name, first, std::vector<std::string>(argv + 2, argv + argc));
+  const auto usage = program.usage.find(first);
+  if (usage != program.usage.end() && args.wants_help()) {
+    std::fputs(usage->second.c_str(), stdout);
+    return 0;
+  }
+  try {
+    return program.dispatch(first, args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s\n\n%s", e.what(), usage != program.usage.end() ? usage->second.c_str() : program.overview);
+    return 2;
+  } catch (const flashgrad::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // the library's messages name their function
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", args.prefix().c_str(), e.what());
+    return 1;
+  }
+}
+
+Args::Args(std::string program, std::string command, std::vector<std::string> tokens)
+    : program_(std::move(program)),
+      command_(std::move(command)),
+      tokens_(std::move(tokens)),
+      used_(tokens_.size(), false) {}
 
 bool Args::wants_help() const {
   return std::any_of(tokens_.begin(), tokens_.end(),
@@ -23,15 +56,14 @@ std::optional<size_t> Args::find(const std::string& name) const {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     const std::string& t = tokens_[i];
     if (t != name && t.rfind(name + "=", 0) != 0) continue;
-    if (found) throw UsageError("flashgrad " + command_ + ": flag " + name + " is given twice");
+    if (found) throw UsageError(prefix() + ": flag " + name + " is given twice");
     found = i;
   }
   return found;
 }
 
 void Args::fail(const std::string& name, const std::string& expected, const std::string& got) const {
-  throw UsageError("flashgrad " + command_ + ": flag " + name + ": expected " + expected + ", got '" + got +
-                   "'");
+  throw UsageError(prefix() + ": flag " + name + ": expected " + expected + ", got '" + got + "'");
 }
 
 bool Args::has(const std::string& name) {
@@ -114,8 +146,8 @@ void Args::finish() const {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     if (used_[i]) continue;
     const std::string& t = tokens_[i];
-    if (t.rfind("--", 0) == 0) throw UsageError("flashgrad " + command_ + ": unknown flag '" + t + "'");
-    throw UsageError("flashgrad " + command_ + ": unexpected argument '" + t + "'");
+    if (t.rfind("--", 0) == 0) throw UsageError(prefix() + ": unknown flag '" + t + "'");
+    throw UsageError(prefix() + ": unexpected argument '" + t + "'");
   }
 }
 

@@ -1,10 +1,12 @@
-// Pieces shared by the `flashgrad` subcommands: flag parsing, timing, number
+// Pieces shared by the command line programs (`flashgrad`, `flashgrad-baseline`
+// and `flashgrad-lab`): the command loop, flag parsing, timing, number
 // formatting and a small JSON writer.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -24,9 +26,12 @@ class UsageError : public std::runtime_error {
 // so a misspelt flag is an error rather than silently ignored.
 class Args {
  public:
-  Args(std::string command, std::vector<std::string> tokens);
+  Args(std::string program, std::string command, std::vector<std::string> tokens);
 
+  const std::string& program() const { return program_; }
   const std::string& command() const { return command_; }
+  std::string prefix() const { return program_ + " " + command_; }  // "flashgrad bench", for messages
+  const std::vector<std::string>& tokens() const { return tokens_; }
   bool wants_help() const;
   bool has(const std::string& name);
   std::optional<std::string> value(const std::string& name);
@@ -39,12 +44,13 @@ class Args {
   std::optional<std::pair<int64_t, int64_t>> integer_pair(const std::string& name, int64_t min);
   void finish() const;
 
-  // "flashgrad <command>: flag <name>: expected <expected>, got '<got>'"
+  // "<program> <command>: flag <name>: expected <expected>, got '<got>'"
   [[noreturn]] void fail(const std::string& name, const std::string& expected, const std::string& got) const;
 
  private:
   std::optional<size_t> find(const std::string& name) const;
 
+  std::string program_;
   std::string command_;
   std::vector<std::string> tokens_;
   std::vector<bool> used_;
@@ -83,15 +89,17 @@ class Json {
   std::string body_;
 };
 
-// The subcommands. Each returns the process exit status.
-int run_ab(Args& args);
-int run_check(Args& args);
-int run_bench(Args& args);
-int run_info(Args& args);
-int run_demo(Args& args);
-int run_measure(Args& args);
-int run_roofline(Args& args);
-int run_sweep(Args& args);  // `bench --sweep`
+// A program of subcommands: `<name> <command> [flags]`.
+struct Program {
+  const char* name;      // "flashgrad"
+  const char* overview;  // printed for --help, and with no command
+  std::map<std::string, std::string> usage;  // per command, for `<command> --help` and usage errors
+  std::function<int(const std::string& command, Args& args)> dispatch;  // throws UsageError if unknown
+};
+
+// Runs argv's command: usage errors exit 2 with the command's usage, other
+// errors exit 1 with their message.
+int run_program(const Program& program, int argc, char** argv);
 
 std::string version();
 

@@ -2,9 +2,11 @@
 // memory of flashgrad against materialized attention on OpenBLAS, as the
 // sequence length doubles, until the materialized scores no longer fit.
 //
-// Every measurement runs in a child process (`flashgrad measure`); the peak
-// memory is that child's ru_maxrss as wait4() returns it, so it is resident
-// memory the operating system really gave, not an estimate.
+// Every measurement runs in a child process (`flashgrad measure`, and
+// `flashgrad-baseline measure` for the baseline); the peak memory is that
+// child's ru_maxrss as wait4() returns it, so it is resident memory the
+// operating system really gave, not an estimate. Without flashgrad-baseline
+// (no OpenBLAS when CMake ran) the demo says so once and times flashgrad alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,17 +16,15 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "baseline.hpp"
 #include "check.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"
 #include "harness.hpp"
-#include "naive_blas.hpp"
-#include "openblas.hpp"
-#include "reference.hpp"
+#include "naive_blas.hpp"  // NaiveAttention::score_bytes, inline: nothing of OpenBLAS is linked
 #include "system.hpp"
 
 namespace flashgrad::tools {
@@ -70,9 +70,10 @@ struct Row {
 struct Demo {
   Settings settings;
   std::string exe;
-  std::string blas_core, blas_core_origin;
+  Baseline baseline;  // its path is empty when there is none
+  std::string openblas, blas_core, blas_core_origin;
   double start = 0;
-  int64_t floor_bytes = 0;
+  int64_t floor_bytes = 0, naive_floor_bytes = 0;  // peaks of children that only start up
   int64_t edge_passed = 0, edge_total = 0;
   std::string baseline_check;
   std::vector<Row> rows;
@@ -108,69 +109,51 @@ bool check_edge_cases(Demo& d) {
   return t.ok();
 }
 
-double max_abs_diff(const testing::Buffer& x, const testing::Buffer& ref) {
-  const std::vector<double> a = testing::dense(x), b = testing::dense(ref);
-  double e = 0;
-  for (size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
-  return std::isnan(e) ? INFINITY : e;
+bool has_baseline(const Demo& d) { return !d.baseline.path.empty(); }
+
+// "key: value" lines of a child's output.
+std::string field(const std::string& output, const std::string& key) {
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key + ": ", 0) == 0) return line.substr(key.size() + 2);
+  return "";
 }
 
-// The outputs the baseline computes (it has no lse).
-const testing::Buffer* baseline_output(const testing::Outputs& o, const std::string& name) {
-  if (name == "out") return &o.out;
-  if (name == "dq") return &o.dq;
-  if (name == "dk") return &o.dk;
-  if (name == "dv") return &o.dv;
-  return nullptr;
-}
-
-// The baseline must be right too: its errors against the fp64 reference must
-// stay within the bounds the harness sets for any f32 implementation.
-bool check_baseline(Demo& d, bool causal) {
-  testing::Case c;
-  c.name = "baseline";
-  c.batch = 2;
-  c.seqlen_q = 100;
-  c.seqlen_k = 300;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.head_dim = c.head_dim_v = kHeadDim;
-  c.causal = causal;
-  const testing::Report bounds = testing::check_case(c, true, testing::Bound::full);
-  const testing::Problem p = testing::make_problem(c);
-  testing::Outputs mine = testing::make_outputs(p, false), ref = testing::make_outputs(p, true);
-  NaiveAttention naive(c.causal, 0.0);
-  naive.forward(p.q.view, p.k.view, p.v.view, mine.out.view);
-  naive.backward(p.q.view, p.k.view, p.v.view, p.dout.view, mine.dq.view, mine.dk.view, mine.dv.view);
-  const auto f64 = reference::Precision::f64;
-  reference::forward(p.opts, p.q.view, p.k.view, p.v.view, ref.out.view, ref.lse.view, f64);
-  const Grads g{ref.dq.view, ref.dk.view, ref.dv.view, std::nullopt, std::nullopt};
-  reference::backward(p.opts, p.q.view, p.k.view, p.v.view, p.dout.view, g, f64);
-
-  bool ok = true;
-  std::string worst;
-  double worst_fraction = 0;
-  for (const auto& t : bounds.tensors) {
-    const testing::Buffer* computed = baseline_output(mine, t.name);
-    if (!computed) continue;
-    const double err = max_abs_diff(*computed, *baseline_output(ref, t.name));
-    const double fraction = t.bound() > 0 ? err / t.bound() : (err > 0 ? INFINITY : 0);
-    ok = ok && err <= t.bound();
-    if (fraction >= worst_fraction) {
-      worst_fraction = fraction;
-      worst = t.name;
-    }
+void describe_baseline(Demo& d) {
+  if (!has_baseline(d)) {
+    std::printf("baseline: none: flashgrad-baseline %s; timing flashgrad alone\n\n", d.baseline.missing.c_str());
+    return;
   }
-  d.baseline_check += (d.baseline_check.empty() ? "" : "; ") + c.describe() + ": " + (ok ? "ok" : "FAIL");
-  std::printf("  OpenBLAS baseline on %s: %s (worst: %s at %.2f of its bound)\n", c.describe().c_str(),
-              ok ? "ok" : "FAIL", worst.c_str(), worst_fraction);
-  return ok;
+  const ChildResult r = run_child({d.baseline.path, "info"});
+  if (r.exit_code != 0) throw std::runtime_error("flashgrad-baseline info: the child " + how_it_ended(r));
+  d.openblas = field(r.output, "openblas");
+  d.blas_core = field(r.output, "core");
+  d.blas_core_origin = field(r.output, "core_origin");
+  // The baseline's children then load OpenBLAS on that core at once, rather
+  // than each restarting itself on it.
+  if (!d.blas_core.empty()) setenv("OPENBLAS_CORETYPE", d.blas_core.c_str(), 0);
+  std::printf("baseline: %s sgemm, core %s (%s)\n\n", d.openblas.c_str(), d.blas_core.c_str(),
+              d.blas_core_origin.c_str());
+}
+
+// The baseline must be right too (flashgrad-baseline check): one line per case.
+bool check_baseline(Demo& d) {
+  const ChildResult r = run_child({d.baseline.path, "check"});
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::printf("  OpenBLAS baseline on %s\n", line.c_str());
+    d.baseline_check += (d.baseline_check.empty() ? "" : "; ") + line;
+  }
+  if (r.exit_code != 0 && r.output.empty())
+    std::printf("  OpenBLAS baseline: flashgrad-baseline check %s\n", how_it_ended(r).c_str());
+  return r.exit_code == 0;
 }
 
 // --- (b) time and memory -----------------------------------------------------
 
-Measurement measure(const Demo& d, const std::string& impl, int64_t seqlen, bool causal) {
-  std::vector<std::string> argv = {d.exe, "measure", "--impl", impl};
+// impl "naive" runs in flashgrad-baseline; "none" (the floor) in either.
+Measurement measure(const Demo& d, const std::string& exe, const std::string& impl, int64_t seqlen, bool causal) {
+  std::vector<std::string> argv = {exe, "measure", "--impl", impl};
   auto flag = [&argv](const char* name, int64_t value) {
     argv.push_back(name);
     argv.push_back(std::to_string(value));
@@ -216,7 +199,7 @@ int64_t tensor_bytes(int64_t seqlen) {
 }
 
 int64_t naive_predicted_bytes(const Demo& d, int64_t seqlen) {
-  return d.floor_bytes + tensor_bytes(seqlen) + NaiveAttention::score_bytes(kBatch, kHeads, seqlen, seqlen);
+  return d.naive_floor_bytes + tensor_bytes(seqlen) + NaiveAttention::score_bytes(kBatch, kHeads, seqlen, seqlen);
 }
 
 std::string ms_text(double ms) { return ms >= 100 ? format("%.0f", ms) : format("%.1f", ms); }
@@ -240,6 +223,7 @@ void print_row(const Row& r) {
 }
 
 bool naive_fits(const Demo& d, int64_t seqlen) {
+  if (!has_baseline(d)) return false;
   const int64_t available = available_bytes(d);
   return available < 0 || naive_predicted_bytes(d, seqlen) <= kMemorySafety * available;
 }
@@ -249,16 +233,18 @@ void run_length(Demo& d, int64_t seqlen, bool with_naive, const std::vector<bool
     Row r;
     r.seqlen = seqlen;
     r.causal = causal;
-    r.flash = measure(d, "flashgrad", seqlen, causal);
-    r.naive_predicted_bytes = naive_predicted_bytes(d, seqlen);
+    r.flash = measure(d, d.exe, "flashgrad", seqlen, causal);
+    r.naive_predicted_bytes = has_baseline(d) ? naive_predicted_bytes(d, seqlen) : 0;
     if (with_naive && !d.naive_failed) {
       try {
-        r.naive = measure(d, "naive", seqlen, causal);
+        r.naive = measure(d, d.baseline.path, "naive", seqlen, causal);
       } catch (const std::runtime_error& e) {
         d.naive_failed = true;  // the prediction was wrong, or the machine is short of memory
         r.naive_note = e.what();
         std::printf("  -- naive attention failed: %s; flashgrad goes on alone\n", e.what());
       }
+    } else if (!has_baseline(d)) {
+      r.naive_note = "no baseline";
     } else {
       r.naive_note = with_naive
                          ? "skipped after its failure"
@@ -305,14 +291,14 @@ void run_lengths(Demo& d) {
   std::vector<bool> masks = {false, true};
   for (int64_t seqlen = d.settings.min_seqlen;; seqlen *= 2) {
     const bool with_naive = naive_fits(d, seqlen);
-    if (!with_naive && flash_only == 0)
+    if (!with_naive && has_baseline(d) && flash_only == 0)
       std::printf(
           "  -- naive attention no longer fits from L=%lld: it needs %.1f GiB, %.1f GiB are available "
           "and it may use %.0f%% of them\n",
           static_cast<long long>(seqlen), mib(naive_predicted_bytes(d, seqlen)) / 1024,
           mib(available_bytes(d)) / 1024, 100 * kMemorySafety);
     run_length(d, seqlen, with_naive, masks);
-    if (!with_naive && ++flash_only >= kFlashOnlyDoublings) {
+    if (!with_naive && has_baseline(d) && ++flash_only >= kFlashOnlyDoublings) {
       d.stopped_because = format("flashgrad ran %lld doublings past the baseline's memory limit",
                                  static_cast<long long>(kFlashOnlyDoublings));
       return;
@@ -365,11 +351,13 @@ std::string demo_json(const Demo& d) {
                             .add("dtype", "f32")
                             .str())
       .add_raw("edge_cases", Json().add("passed", d.edge_passed).add("total", d.edge_total).str())
+      .add("baseline", has_baseline(d) ? d.baseline.path : "none: flashgrad-baseline " + d.baseline.missing)
       .add("baseline_check", d.baseline_check)
-      .add("openblas", openblas_version())
+      .add("openblas", d.openblas)
       .add("openblas_core", d.blas_core)
       .add("openblas_core_origin", d.blas_core_origin)
       .add("process_floor_bytes", d.floor_bytes)
+      .add("baseline_floor_bytes", d.naive_floor_bytes)
       .add_raw("rows", Json::array(rows))
       .add("stopped_because", d.stopped_because)
       .add("total_seconds", now_seconds() - d.start)
@@ -397,14 +385,19 @@ std::string demo_markdown(const Demo& d) {
   }
   s << "\nEach time is the median forward+backward call in a child process; a call over half a second is "
     << "timed once. Peak memory is that child's maximum resident set (ru_maxrss from wait4): the program "
-    << format("itself (an idle child peaks at %.0f MiB), ", mib(d.floor_bytes))
-    << "the f32 inputs, outputs and gradients, and what the implementation allocates. The naive baseline "
-    << "keeps S (reused for dS), P and dP for every head, 3 x L x L x 4 bytes per head, and multiplies with "
-    << "OpenBLAS sgemm (core " << d.blas_core << "); it is skipped once its predicted peak exceeds "
-    << format("%.0f%% of the %.1f GiB available", 100 * kMemorySafety, mib(available_bytes(d)) / 1024)
-    << ".\n\nCorrectness: " << d.edge_passed << "/" << d.edge_total
-    << " edge cases pass against the fp64 reference; the baseline: " << d.baseline_check
-    << ".\n\nStopped: " << d.stopped_because << ".\n";
+    << format("itself (an idle flashgrad child peaks at %.0f MiB", mib(d.floor_bytes))
+    << (has_baseline(d) ? format(", an idle baseline child at %.0f MiB", mib(d.naive_floor_bytes)) : "")
+    << "), the f32 inputs, outputs and gradients, and what the implementation allocates. ";
+  if (has_baseline(d))
+    s << "The naive baseline (flashgrad-baseline) keeps S (reused for dS), P and dP for every head, "
+      << "3 x L x L x 4 bytes per head, and multiplies with " << d.openblas << " sgemm (core " << d.blas_core
+      << "); it is skipped once its predicted peak exceeds "
+      << format("%.0f%% of the %.1f GiB available", 100 * kMemorySafety, mib(available_bytes(d)) / 1024) << ".";
+  else
+    s << "There is no baseline: flashgrad-baseline " << d.baseline.missing << ".";
+  s << "\n\nCorrectness: " << d.edge_passed << "/" << d.edge_total << " edge cases pass against the fp64 reference"
+    << (has_baseline(d) ? "; the baseline: " + d.baseline_check : "") << ".\n\nStopped: " << d.stopped_because
+    << ".\n";
   return s.str();
 }
 
@@ -474,16 +467,15 @@ int run_demo(Args& args) {
   d.settings = parse_settings(args);
   d.exe = self_executable();
   d.start = now_seconds();
-  std::tie(d.blas_core, d.blas_core_origin) = choose_openblas_core();
+  d.baseline = find_baseline();
   const int threads = d.settings.threads > 0 ? d.settings.threads : max_threads();
   std::printf("flashgrad %s demo: isa %s, %d threads, %.1f GiB available\n", version().c_str(), isa_name(),
               threads, mib(available_bytes(d)) / 1024);
-  std::printf("baseline: %s sgemm, core %s (%s)\n\n", openblas_version().c_str(), d.blas_core.c_str(),
-              d.blas_core_origin.c_str());
+  describe_baseline(d);
 
   std::printf("(a) correctness against the fp64 reference\n");
   const bool edges_ok = check_edge_cases(d);
-  const bool baseline_ok = check_baseline(d, false) && check_baseline(d, true);
+  const bool baseline_ok = !has_baseline(d) || check_baseline(d);
   if (!edges_ok || !baseline_ok) {
     std::printf("\ndemo: a correctness check failed; not timing a wrong result.\n");
     return 1;
@@ -492,9 +484,14 @@ int run_demo(Args& args) {
   std::printf("\n(b) forward+backward, B=%lld H=%lld d=%lld f32: time (median) and peak resident memory\n",
               static_cast<long long>(kBatch), static_cast<long long>(kHeads),
               static_cast<long long>(kHeadDim));
-  d.floor_bytes = measure(d, "none", 1, false).peak_bytes;
-  std::printf("  each measurement runs in its own process; an idle one peaks at %.0f MiB\n",
-              mib(d.floor_bytes));
+  d.floor_bytes = measure(d, d.exe, "none", 1, false).peak_bytes;
+  if (has_baseline(d)) {
+    d.naive_floor_bytes = measure(d, d.baseline.path, "none", 1, false).peak_bytes;
+    std::printf("  each measurement runs in its own process; an idle one peaks at %.0f MiB (the baseline's %.0f MiB)\n",
+                mib(d.floor_bytes), mib(d.naive_floor_bytes));
+  } else {
+    std::printf("  each measurement runs in its own process; an idle one peaks at %.0f MiB\n", mib(d.floor_bytes));
+  }
   run_lengths(d);
   print_summary(d);
   std::printf("\n");

@@ -1,146 +1,90 @@
 // flashgrad: check, benchmark and demonstrate the library from the shell.
+// It links the library and the test harness only; the demo's OpenBLAS
+// baseline is a program of its own (baseline.hpp), and the measurement lab
+// (A/B, the sweep, roofline) is flashgrad-lab in bench/lab/.
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "baseline.hpp"
 #include "case_flags.hpp"
+#include "check.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"
 #include "flashgrad/flashgrad.hpp"
+#include "measure.hpp"
 
 namespace flashgrad::tools {
+
+int run_bench(Args& args);  // bench.cpp
+int run_demo(Args& args);   // demo.cpp
+
 namespace {
 
 const char* const kOverview =
     "usage: flashgrad <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  ab       time two builds of the library in turns in one process, on one\n"
-    "           configuration, and compare their outputs bit for bit\n"
     "  check    compare the kernels with the fp64 reference on the edge cases\n"
     "           and on random cases; exits 1 if any case fails\n"
-    "  bench    check, then time forward and backward for one configuration;\n"
-    "           with --sweep, the benchmark suite against GEMM, memory and peers\n"
+    "  bench    check, then time forward and backward for one configuration\n"
     "  demo     correctness, then time and peak memory of flashgrad against\n"
     "           materialized attention on OpenBLAS as the sequence grows\n"
-    "  info     version, SIMD paths and threads\n"
-    "  measure  one timed forward+backward in this process (the demo and the\n"
-    "           sweep run it in a child process to read that child's peak memory)\n"
-    "  roofline this machine's SGEMM, bf16 GEMM and memory bandwidth\n"
+    "  info     version, SIMD paths and threads; with --explain, the plans of\n"
+    "           a configuration\n"
+    "  measure  one timed forward+backward in this process (the demo runs it in\n"
+    "           a child process to read that child's peak memory)\n"
     "\n"
     "`flashgrad <command> --help` lists the flags of a command.\n"
-    "FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16|amx forces a SIMD path.\n";
+    "FLASHGRAD_ISA=scalar|avx2|avx512|avx512bf16|amx forces a SIMD path.\n"
+    "The measurement lab (ab, sweep, roofline) is flashgrad-lab, built in bench/.\n";
 
-const std::map<std::string, std::string> kUsage = {
-    {"ab",
-     std::string("usage: flashgrad ab --lib-a A.so --lib-b B.so [flags]\n"
-                 "  Loads two builds of libflashgrad (for example before and after a change)\n"
-                 "  into this process, checks each against the fp64 reference on a small copy\n"
-                 "  of the configuration, then times the pass with each, alternating A B B A,\n"
-                 "  so that a machine whose speed drifts slows both alike. Prints each build's\n"
-                 "  median, the median and quartiles of the per-pair ratio A's time / B's time\n"
-                 "  (above 1: B is faster) and whether the two builds' outputs are bitwise\n"
-                 "  identical. The same file twice loads B from a temporary copy: its ratios\n"
-                 "  show this machine's noise. FLASHGRAD_ISA applies to both.\n"
-                 "  --lib-a PATH, --lib-b PATH   the two shared libraries (required)\n"
-                 "  --pass P             forward, backward or forward+backward (default forward)\n"
-                 "  --pairs N            timed calls of each build (default 20)\n"
-                 "  --warmup N           untimed calls of each first (default 1)\n"
-                 "  --expect-identical   exit 1 if the outputs differ in any bit\n"
-                 "  --json               print one JSON object instead of the text\n") +
-         kCaseFlagsUsage},
-    {"check",
-     "usage: flashgrad check [--random N] [--seed S] [--quick] [--threads T]\n"
-     "  --random N   also run N random cases, seeds S .. S+N-1 (default 0)\n"
-     "  --seed S     first random seed (default 1)\n"
-     "  --quick      forward only: skip the backward pass and its gradients\n"
-     "  --threads T  threads for the kernels (default: all cores)\n"},
-    {"bench",
-     std::string("usage: flashgrad bench [flags]\n") + kCaseFlagsUsage +
-     "  --repeats N          timed calls per pass; the median is reported (default 5)\n"
-     "  --warmup N           untimed calls first (default 1)\n"
-     "  --json               print one JSON object instead of the table\n"
-     "  --cold-mib M         time calls on copies of the problem (new seeds), in turn,\n"
-     "                       whose inputs add up to M MiB: each call then reads its\n"
-     "                       inputs from memory, not from cache (default 0: one copy)\n"
-     "\n"
-     "usage: flashgrad bench --sweep [--quick] [--out DIR] [--max-seqlen L] [--min-seqlen L]\n"
-     "                       [--threads T] [--budget-s S] [--no-torch] [--no-plot]\n"
-     "  The benchmark suite (docs/performance.md): the machine's GEMM and memory rates,\n"
-     "  then f32/bf16, d 64/128, causal or not, L doubling from --min-seqlen (512) to\n"
-     "  --max-seqlen (8192): flashgrad (checked first), naive OpenBLAS attention and\n"
-     "  PyTorch, each in a child process for its peak memory; short queries, call\n"
-     "  overhead and thread scaling. Writes sweep.md, sweep.json and PNG plots.\n"
-     "  --out DIR      (default out/sweep)\n"
-     "  --quick        a small subset: L <= 1024, d 64, short runs, torch at L=512 only\n"
-     "  --budget-s S   skip a peer at a length whose predicted time would end past S\n"
-     "                 seconds of the whole run (default 840; 45 with --quick)\n"
-     "  --no-torch     leave PyTorch out\n"
-     "  --no-plot      do not draw the PNGs\n"},
-    {"info", std::string("usage: flashgrad info [--explain [flags]]\n"
-                         "  version, the SIMD paths and threads; with --explain, the plans of a\n"
-                         "  forward and a backward on the configuration the flags describe:\n") +
-                 kCaseFlagsUsage},
-    {"demo",
-     "usage: flashgrad demo [--out DIR] [--threads T] [--budget-s S] [--min-seqlen L]\n"
-     "                      [--max-seqlen L] [--memory-gib G] [--no-plot]\n"
-     "  --out DIR        where demo.md, demo.json and demo.png go (default out/demo)\n"
-     "  --threads T      threads for flashgrad and OpenBLAS (default: all cores)\n"
-     "  --budget-s S     stop doubling when the next length would end past S\n"
-     "                   seconds of total run time (default 225)\n"
-     "  --min-seqlen L   first sequence length (default 512)\n"
-     "  --max-seqlen L   last sequence length (default: memory and budget decide)\n"
-     "  --memory-gib G   treat at most G GiB as available (default: MemAvailable),\n"
-     "                   to reach the baseline's memory limit sooner\n"
-     "  --no-plot        do not draw demo.png\n"},
-    {"measure",
-     "usage: flashgrad measure --impl flashgrad|naive|none --seqlen L [--causal]\n"
-     "                         [--batch B] [--heads H] [--head-dim D] [--threads T]\n"
-     "                         [--dtype f32|bf16|f16|f64] [--min-time S] [--split]\n"
-     "                         [--paired-sgemm N]\n"
-     "  Times forward+backward (naive: f32 only): one warmup call, then at least 3\n"
-     "  calls and --min-time seconds (default 1); a warmup slower than that is\n"
-     "  reported alone. Prints 'ms=<median> runs=<n> vmhwm=<bytes> flops=<n>'.\n"
-     "  --split times forward and backward apart in every run (always at least 3\n"
-     "  runs) and adds fwd_ms, bwd_ms and fwd_bwd_ms. --paired-sgemm N (with\n"
-     "  --split) times an N x N OpenBLAS SGEMM before every run and adds\n"
-     "  sgemm_paired (its median, GFLOP/s) and fwd_over_sgemm, bwd_over_sgemm\n"
-     "  (medians of each run's rate over its own SGEMM); vmhwm then leaves out\n"
-     "  the SGEMM's memory. --impl none only allocates the tensors, for the\n"
-     "  memory floor.\n"},
-    {"roofline",
-     "usage: flashgrad roofline [--threads T] [--quick] [--json] [--probe | --peak]\n"
-     "  The rates the sweep divides flashgrad's by: OpenBLAS SGEMM (n=2048, T threads\n"
-     "  and 1), oneDNN bf16 GEMM (n=2048; n/a without oneDNN), the tile products'\n"
-     "  shapes with OpenBLAS and with flashgrad's tile product (1 thread), STREAM\n"
-     "  triad and memcpy bandwidth (T threads). Medians after a warm-up call.\n"
-     "  --probe: SGEMM alone, median of 3, as one JSON object (the sweep's drift probe).\n"
-     "  --peak: the arithmetic peak alone: f32 FMA and bf16 pair products (AMX or\n"
-     "  AVX512_BF16) in loops that touch no memory, on T threads, best of 5.\n"},
-};
+std::map<std::string, std::string> usage() {
+  return {
+      {"check",
+       "usage: flashgrad check [--random N] [--seed S] [--quick] [--threads T]\n"
+       "  --random N   also run N random cases, seeds S .. S+N-1 (default 0)\n"
+       "  --seed S     first random seed (default 1)\n"
+       "  --quick      forward only: skip the backward pass and its gradients\n"
+       "  --threads T  threads for the kernels (default: all cores)\n"},
+      {"bench",
+       std::string("usage: flashgrad bench [flags]\n") + kCaseFlagsUsage +
+           "  --repeats N          timed calls per pass; the median is reported (default 5)\n"
+           "  --warmup N           untimed calls first (default 1)\n"
+           "  --json               print one JSON object instead of the table\n"
+           "  --cold-mib M         time calls on copies of the problem (new seeds), in turn,\n"
+           "                       whose inputs add up to M MiB: each call then reads its\n"
+           "                       inputs from memory, not from cache (default 0: one copy)\n"
+           "  The benchmark suite over many configurations is `flashgrad-lab sweep`.\n"},
+      {"info", std::string("usage: flashgrad info [--explain [flags]]\n"
+                           "  version, the SIMD paths and threads; with --explain, the plans of a\n"
+                           "  forward and a backward on the configuration the flags describe:\n") +
+                   kCaseFlagsUsage},
+      {"demo",
+       "usage: flashgrad demo [--out DIR] [--threads T] [--budget-s S] [--min-seqlen L]\n"
+       "                      [--max-seqlen L] [--memory-gib G] [--no-plot]\n"
+       "  The baseline runs in flashgrad-baseline, beside this program, built when\n"
+       "  CMake finds OpenBLAS; without it the demo times flashgrad alone.\n"
+       "  --out DIR        where demo.md, demo.json and demo.png go (default out/demo)\n"
+       "  --threads T      threads for flashgrad and OpenBLAS (default: all cores)\n"
+       "  --budget-s S     stop doubling when the next length would end past S\n"
+       "                   seconds of total run time (default 225)\n"
+       "  --min-seqlen L   first sequence length (default 512)\n"
+       "  --max-seqlen L   last sequence length (default: memory and budget decide)\n"
+       "  --memory-gib G   treat at most G GiB as available (default: MemAvailable),\n"
+       "                   to reach the baseline's memory limit sooner\n"
+       "  --no-plot        do not draw demo.png\n"},
+      {"measure", measure_usage("flashgrad", "flashgrad|naive|none") +
+                      "  --impl naive runs flashgrad-baseline measure with the same flags (f32 only).\n"},
+  };
+}
 
 std::vector<std::string> isa_names() {
   std::vector<std::string> out;
   for (const Isa isa : supported_isas()) out.push_back(isa_to_string(isa));
   return out;
 }
-
-int dispatch(const std::string& command, Args& args) {
-  if (command == "ab") return run_ab(args);
-  if (command == "check") return run_check(args);
-  if (command == "bench") return run_bench(args);
-  if (command == "info") return run_info(args);
-  if (command == "demo") return run_demo(args);
-  if (command == "measure") return run_measure(args);
-  if (command == "roofline") return run_roofline(args);
-  throw UsageError("flashgrad: unknown command '" + command +
-                   "'; expected ab, check, bench, demo, info, measure or roofline");
-}
-
-}  // namespace
-
-std::string version() { return flashgrad::version(); }
 
 // The plans of both passes on the configuration of the case flags.
 int run_explain(Args& args) {
@@ -165,32 +109,38 @@ int run_info(Args& args) {
   return 0;
 }
 
+int run_measure(Args& args) {
+  const MeasureSpec spec = measure_flags(args, {"flashgrad", "naive", "none"});
+  args.finish();
+  if (spec.impl == "naive") {
+    const Baseline baseline = find_baseline();
+    if (baseline.path.empty())
+      args.fail("--impl", "flashgrad or none (naive runs in flashgrad-baseline, which " + baseline.missing + ")",
+                spec.impl);
+    exec_baseline(baseline, args);
+  }
+  const testing::Problem p = testing::make_problem(spec.c);
+  testing::Outputs o = testing::make_outputs(p, false);
+  print_measurement(spec, spec.impl == "flashgrad" ? flashgrad_passes(p, o) : Passes{});
+  return 0;
+}
+
+int dispatch(const std::string& command, Args& args) {
+  if (command == "check") return run_check(args);
+  if (command == "bench") return run_bench(args);
+  if (command == "info") return run_info(args);
+  if (command == "demo") return run_demo(args);
+  if (command == "measure") return run_measure(args);
+  std::string lab;
+  if (command == "ab" || command == "roofline" || command == "sweep")
+    lab = " (" + command + " is a command of flashgrad-lab, the measurement lab built in bench/)";
+  throw UsageError("flashgrad: unknown command '" + command + "'; expected check, bench, demo, info or measure" + lab);
+}
+
+}  // namespace
 }  // namespace flashgrad::tools
 
 int main(int argc, char** argv) {
   using namespace flashgrad::tools;
-  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help" ||
-      std::string(argv[1]) == "help") {
-    std::fputs(kOverview, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
-  Args args(command, std::vector<std::string>(argv + 2, argv + argc));
-  const auto usage = kUsage.find(command);
-  if (usage != kUsage.end() && args.wants_help()) {
-    std::fputs(usage->second.c_str(), stdout);
-    return 0;
-  }
-  try {
-    return dispatch(command, args);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "%s\n\n%s", e.what(), usage != kUsage.end() ? usage->second.c_str() : kOverview);
-    return 2;
-  } catch (const flashgrad::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());  // the library's messages name their function
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flashgrad %s: %s\n", command.c_str(), e.what());
-    return 1;
-  }
+  return run_program({"flashgrad", kOverview, usage(), dispatch}, argc, argv);
 }

@@ -74,10 +74,6 @@ FG_VECTOR_CLONES void softmax_backward_row(const float* p, const float* dp, floa
 
 }  // namespace
 
-int64_t NaiveAttention::score_bytes(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k) {
-  return 3 * batch * heads_q * seqlen_q * seqlen_k * static_cast<int64_t>(sizeof(float));
-}
-
 NaiveAttention::Dims NaiveAttention::dims_of(const TensorView& q, const TensorView& k,
                                              const TensorView& v) const {
   require_layout(q, "q");

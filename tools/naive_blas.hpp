@@ -41,8 +41,11 @@ class NaiveAttention {
   // timed calls see warm memory, as they would from a caching allocator.
   void prepare(const TensorView& q, const TensorView& k, const TensorView& v);
 
-  // Bytes of the score buffers this class keeps for one problem size.
-  static int64_t score_bytes(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k);
+  // Bytes of the score buffers this class keeps for one problem size (inline:
+  // the demo predicts the baseline's memory without linking it).
+  static constexpr int64_t score_bytes(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t seqlen_k) {
+    return 3 * batch * heads_q * seqlen_q * seqlen_k * static_cast<int64_t>(sizeof(float));
+  }
 
  private:
   struct Dims {

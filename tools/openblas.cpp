@@ -86,7 +86,7 @@ double Sgemm::gflops_now() {
 
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
-void use_chosen_openblas_core(const char* command) {
+void use_chosen_openblas_core(const std::string& command) {
   const std::string core = choose_openblas_core().first;
   if (openblas_core_is(core) || std::getenv("FLASHGRAD_OPENBLAS_RESTARTED")) return;
   setenv("FLASHGRAD_OPENBLAS_RESTARTED", "1", 1);
@@ -100,7 +100,7 @@ void use_chosen_openblas_core(const char* command) {
   raw.push_back(nullptr);
   std::fflush(stdout);
   execv(exe.c_str(), raw.data());
-  std::fprintf(stderr, "flashgrad %s: could not restart with OPENBLAS_CORETYPE=%s; measuring as is\n", command,
+  std::fprintf(stderr, "%s: could not restart with OPENBLAS_CORETYPE=%s; measuring as is\n", command.c_str(),
                core.c_str());
 }
 

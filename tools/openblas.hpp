@@ -1,5 +1,5 @@
-// OpenBLAS set-up shared by the commands that measure against it (demo,
-// roofline, the sweep).
+// OpenBLAS set-up shared by the programs that measure against it (the demo's
+// baseline, flashgrad-baseline, and the lab's roofline and sweep).
 #pragma once
 
 #include <cstdint>
@@ -23,8 +23,9 @@ bool openblas_core_is(const std::string& core);
 // choose_openblas_core(), and when this process's OpenBLAS (which chose its
 // core as it loaded) runs another core, this command again as a new process
 // image that loads it with the chosen one (once: the core may be one OpenBLAS
-// cannot run). `command` names the command in the message if exec fails.
-void use_chosen_openblas_core(const char* command);
+// cannot run). `command` ("flashgrad-lab roofline") names the command in the
+// message if exec fails.
+void use_chosen_openblas_core(const std::string& command);
 
 // "OpenBLAS 0.3.21": the first two words of its configuration string.
 std::string openblas_version();

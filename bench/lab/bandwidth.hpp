@@ -1,6 +1,6 @@
 // Memory bandwidth probes: the STREAM triad a = b + s * c over doubles (3 x 8
 // bytes per element counted, as STREAM does: the write-allocate read is not)
-// and memcpy (read + write counted), on T threads. `flashgrad roofline`
+// and memcpy (read + write counted), on T threads. `flashgrad-lab roofline`
 // reports both; the sweep times a triad beside each short-query run.
 #pragma once
 

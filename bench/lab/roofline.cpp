@@ -1,4 +1,4 @@
-// `flashgrad roofline`: the rates this machine's libraries reach, which the
+// `flashgrad-lab roofline`: the rates this machine's libraries reach, which the
 // sweep divides flashgrad's rates by. All in this process:
 //
 //   SGEMM      OpenBLAS cblas_sgemm, n = 2048 square, T threads and 1 thread
@@ -33,10 +33,9 @@
 #if FLASHGRAD_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
-#if FLASHGRAD_HAVE_TILE_OPS
+
 #include "peak.hpp"
 #include "tile_ops.hpp"
-#endif
 
 #include "bandwidth.hpp"
 #include "cli.hpp"
@@ -218,17 +217,15 @@ std::vector<TileRate> tile_rates(int rounds) {
 #endif
     calls[2] = blis_product(s, a.data(), b.data(), c.data());
     calls[3] = libxsmm_product(s, a.data(), b.data(), c.data());
-#if FLASHGRAD_HAVE_TILE_OPS
     const bench::TileOps& ops = bench::tile_ops(kernels().isa);
     const int64_t a_rs = s.transposed_a ? 1 : s.k, a_cs = s.transposed_a ? s.m : 1;
     calls[4] = [&] { ops.gemm_nn(s.m, s.n, s.k, a.data(), a_rs, a_cs, b.data(), s.n, c.data(), s.n); };
-#endif
     for (int x = 0; x < kTileContenders; ++x) {
       if (!calls[x]) continue;
       std::fill(c.begin(), c.end(), NAN);
       calls[x]();
       if (!product_matches(s, a, b, c)) {
-        std::fprintf(stderr, "flashgrad roofline: %s's product %s is wrong; it is not timed\n", kTileLibraries[x],
+        std::fprintf(stderr, "flashgrad-lab roofline: %s's product %s is wrong; it is not timed\n", kTileLibraries[x],
                      t.name);
         calls[x] = nullptr;
       }
@@ -287,7 +284,6 @@ float bf16_value(uint16_t x) {
 
 std::vector<PairRate> pair_tile_rates(int rounds, std::string* engine_name, std::string* dnnl_impl) {
   std::vector<PairRate> out;
-#if FLASHGRAD_HAVE_TILE_OPS
   const bench::PairEngine pe = bench::pair_engine();
   if (!pe.gemm) return out;
   *engine_name = format("%s (%s)", pe.kernel, pe.isa);
@@ -345,7 +341,7 @@ std::vector<PairRate> pair_tile_rates(int rounds, std::string* engine_name, std:
           ok = std::fabs(c[static_cast<size_t>(r * n + j)] - sum) <= 2.0 * static_cast<double>(k) * 0x1p-24 * mag;
         }
       if (!ok) {
-        std::fprintf(stderr, "flashgrad roofline: %s's bf16 product %s is wrong; it is not timed\n",
+        std::fprintf(stderr, "flashgrad-lab roofline: %s's bf16 product %s is wrong; it is not timed\n",
                      kPairContenders[x], sh.name);
         calls[x] = nullptr;
       }
@@ -356,9 +352,6 @@ std::vector<PairRate> pair_tile_rates(int rounds, std::string* engine_name, std:
   }
 #if FLASHGRAD_HAVE_DNNL
   omp_set_num_threads(omp_threads);
-#endif
-#else
-  (void)rounds, (void)engine_name, (void)dnnl_impl;
 #endif
   return out;
 }
@@ -454,7 +447,7 @@ std::string rates_json(const Settings& s, const Rates& r, const std::string& cor
 std::string rate_text(double x) { return std::isfinite(x) ? format("%.1f", x) : "n/a"; }
 
 void print_rates(const Settings& s, const Rates& r, const std::string& core) {
-  std::printf("flashgrad %s roofline: %s, %d threads, isa %s\n\n", version().c_str(), cpu_model().c_str(),
+  std::printf("flashgrad-lab %s roofline: %s, %d threads, isa %s\n\n", version().c_str(), cpu_model().c_str(),
               s.threads, isa_name());
   const long long n = static_cast<long long>(s.gemm_n);
   std::printf("  SGEMM (%s, core %s) n=%lld:  %s GFLOP/s, %s with 1 thread\n", openblas_version().c_str(),
@@ -493,7 +486,6 @@ void print_rates(const Settings& s, const Rates& r, const std::string& core) {
 
 // --peak: the register-only loops alone (bench/peak.hpp), as text or one JSON line.
 int print_peaks(const Settings& s) {
-#if FLASHGRAD_HAVE_TILE_OPS
   const bench::PeakRates p = bench::measure_peaks(s.threads, s.quick ? 3 : 5);
   if (s.json) {
     std::printf("{\"threads\": %d, \"f32_isa\": \"%s\", \"f32_peak_gflops\": %.6g, \"bf16_isa\": \"%s\", "
@@ -505,11 +497,6 @@ int print_peaks(const Settings& s) {
     if (!p.bf16_isa.empty()) std::printf("  bf16 pairs (%s): %.1f GFLOP/s\n", p.bf16_isa.c_str(), p.bf16_gflops);
   }
   return 0;
-#else
-  (void)s;
-  std::fprintf(stderr, "flashgrad roofline: argument '--peak': expected a build with bench/ (FLASHGRAD_BUILD_BENCH=ON)\n");
-  return 2;
-#endif
 }
 
 int run_roofline(Args& args) {
@@ -522,7 +509,7 @@ int run_roofline(Args& args) {
   args.finish();
   if (peak) return print_peaks(s);
   s.repeats = s.quick ? 3 : 7;
-  use_chosen_openblas_core("roofline");
+  use_chosen_openblas_core(args.prefix());
   const auto [core, core_origin] = choose_openblas_core();
 
   if (probe) {  // SGEMM alone, briefly: how fast the machine is right now

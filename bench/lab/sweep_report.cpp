@@ -194,7 +194,7 @@ void machine_section(std::ostringstream& md, const Sweep& s) {
     md << "| " << what << " | " << num(a.*rate) << " | " << num(b.*rate) << " | **" << num(m.best(rate)) << "** "
        << unit << " |\n";
   };
-  md << "## The machine\n\nMeasured at the start and at the end of the sweep (`flashgrad roofline`; at the start "
+  md << "## The machine\n\nMeasured at the start and at the end of the sweep (`flashgrad-lab roofline`; at the start "
         "only with --quick); ratios use the higher of the two.\n\n| rate | start | end | used |\n|:---|---:|---:|---:|\n";
   row("SGEMM, " + openblas_version() + " `cblas_sgemm` (core " + s.blas_core + "), n = 2048, " + std::to_string(t) +
           " threads",
@@ -302,7 +302,7 @@ void grid_peer_section(std::ostringstream& md, const Sweep& s) {
        << peer_cells(r.flash, r.naive, &notes, "naive", r) << " | " << peer_cells(r.flash, r.torch, &notes, "torch", r)
        << " | " << peak(r.flash) << " | " << peak(r.naive) << " | " << peak(r.torch) << " |\n";
   }
-  md << "\nAn idle child peaks at " << format("%.0f", mib(s.floor_flash)) << " MiB (flashgrad and naive: the tool)";
+  md << "\nAn idle child peaks at " << format("%.0f", mib(s.floor_flash)) << " MiB (flashgrad and naive: the lab)";
   if (s.floor_torch > 0) md << " and " << format("%.0f", mib(s.floor_torch)) << " MiB (Python with PyTorch imported)";
   md << "; the peaks above include that.\n";
   if (!notes.empty()) {
@@ -373,7 +373,7 @@ std::string sweep_markdown(const Sweep& s) {
     md << ".";
   }
   md << "\n\n"
-     << "Reproduce: `bash scripts/bench.sh` (builds, then runs `build/tools/flashgrad bench --sweep`).\n\n";
+     << "Reproduce: `bash scripts/bench.sh` (builds, then runs `build/bench/flashgrad-lab sweep`).\n\n";
   size_t failed = 0;
   for (const Check& c : s.checks) failed += c.passed ? 0 : 1;
   md << "Correctness first: every flashgrad configuration below was checked against the fp64 reference on a small "
@@ -385,8 +385,8 @@ std::string sweep_markdown(const Sweep& s) {
   grid_peer_section(md, s);
   extras_section(md, s);
   md << "## Method\n\n"
-     << "- Grid: each implementation and configuration runs in its own child process (`flashgrad measure "
-        "--split`, or `tools/torch_attention.py`): one warm-up forward+backward, then at least 3 runs and "
+     << "- Grid: each implementation and configuration runs in its own child process (`flashgrad-lab measure "
+        "--split`, or `bench/lab/torch_attention.py`): one warm-up forward+backward, then at least 3 runs and "
      << format("%g", s.settings.min_time)
      << " s of them (at most 20), forward and backward timed apart in each run; fwd+bwd is the median of each run's "
         "sum. Peak memory is the child's VmHWM, which it reports at its end (its own high-water mark since exec; "
@@ -400,7 +400,7 @@ std::string sweep_markdown(const Sweep& s) {
      << format("%.0f", s.settings.budget_s) << " s budget, or would leave less of it than flashgrad's predicted "
         "time at the next length, or where its memory (extrapolated the same way) would pass 80% of "
         "MemAvailable.\n"
-     << "- The machine's rates come from `flashgrad roofline` in a child (OpenBLAS core chosen from the CPU's "
+     << "- The machine's rates come from `flashgrad-lab roofline` in a child (OpenBLAS core chosen from the CPU's "
         "features when a VM hides the model); medians of 3-10 calls after a warm-up.\n";
   return md.str();
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch's decomposed attention, timed for `flashgrad bench --sweep`.
+"""PyTorch's decomposed attention, timed for `flashgrad-lab sweep`.
 
     out = softmax(q k^T * scale + mask) v,  then out.backward(dout)
 

@@ -1,7 +1,7 @@
 // Tile products through the libraries made for small GEMMs that Debian
 // packages beside OpenBLAS and oneDNN: BLIS (libblis-dev, its typed API with
 // general strides) and libxsmm (libxsmm-dev, a kernel JIT-compiled for the
-// shape). `flashgrad roofline` times them beside flashgrad's own tile
+// shape). `flashgrad-lab roofline` times them beside flashgrad's own tile
 // product. They live apart from roofline.cpp because blis.h declares the
 // BLAS and CBLAS functions that OpenBLAS's cblas.h declares too.
 #pragma once

@@ -1,4 +1,4 @@
-// `flashgrad bench --sweep` (sweep.hpp): settings, the machine's rates, and
+// `flashgrad-lab sweep` (sweep.hpp): settings, the machine's rates, and
 // the grid of flashgrad against its peers, each measurement in a child
 // process so that its ru_maxrss is that measurement's peak memory.
 #include "sweep.hpp"
@@ -93,7 +93,7 @@ CpuShare CpuSample::since(const CpuSample& start, const std::string& what) const
 std::string tool_file(const char* name) {
   const std::filesystem::path beside = std::filesystem::path(self_executable()).parent_path() / name;
   if (std::filesystem::exists(beside)) return beside.string();
-  return (std::filesystem::path(FLASHGRAD_TOOLS_SOURCE_DIR) / name).string();
+  return (std::filesystem::path(FLASHGRAD_LAB_SOURCE_DIR) / name).string();
 }
 
 bool check_config(Sweep& s, const testing::Case& c) {
@@ -148,7 +148,7 @@ int64_t child_peak(const ChildResult& r) {
   return r.peak_rss_bytes;
 }
 
-// Numbers and strings of the JSON `flashgrad roofline --json` printed: this
+// Numbers and strings of the JSON `flashgrad-lab roofline --json` printed: this
 // program's own output, one object whose top-level keys are unique.
 // Every number after "key": in order (for the keys of an array's objects).
 std::vector<double> json_numbers(const std::string& json, const std::string& key) {
@@ -183,7 +183,7 @@ MachineRates measure_machine(const Sweep& s) {
   const ChildResult r = run_child(argv);
   const std::string json = r.output.substr(0, r.output.find_last_of('}') + 1);
   if (r.exit_code != 0 || json.empty())
-    throw std::runtime_error("measuring the machine's rates: `flashgrad roofline` " + how_it_ended(r));
+    throw std::runtime_error("measuring the machine's rates: `flashgrad-lab roofline` " + how_it_ended(r));
   MachineRates m;
   m.json = json;
   m.sgemm_gflops = json_number(json, "sgemm_gflops");
@@ -491,7 +491,7 @@ void run_grid(Sweep& s) {
 std::string source_version() {
   if (!std::filesystem::exists("/usr/bin/git")) return "unknown";
   const ChildResult r =
-      run_child({"/usr/bin/git", "-C", FLASHGRAD_TOOLS_SOURCE_DIR, "describe", "--always", "--dirty"}, true);
+      run_child({"/usr/bin/git", "-C", FLASHGRAD_LAB_SOURCE_DIR, "describe", "--always", "--dirty"}, true);
   std::string out = r.output;
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return r.exit_code == 0 && !out.empty() ? out : "unknown";
@@ -517,7 +517,7 @@ int run_sweep(Args& args) {
   s.load_start = load_average();
   s.source = source_version();
   std::tie(s.blas_core, s.blas_core_origin) = choose_openblas_core();
-  std::printf("flashgrad %s sweep%s (source %s): isa %s, %d threads, load average %s at the start\n",
+  std::printf("flashgrad-lab %s sweep%s (source %s): isa %s, %d threads, load average %s at the start\n",
               version().c_str(), s.settings.quick ? " (quick)" : "", s.source.c_str(), isa_name(), threads_of(s),
               s.load_start.c_str());
   std::printf("peers: %s sgemm (core %s), ", openblas_version().c_str(), s.blas_core.c_str());

@@ -1,7 +1,7 @@
-// `flashgrad bench --sweep`: the benchmark suite of docs/performance.md, in
+// `flashgrad-lab sweep`: the benchmark suite of docs/performance.md, in
 // one run on one machine:
 //
-//   machine   SGEMM, bf16 GEMM and memory bandwidth (`flashgrad roofline`, a child)
+//   machine   SGEMM, bf16 GEMM and memory bandwidth (`flashgrad-lab roofline`, a child)
 //   grid      forward, backward and both, f32 and bf16, d in {64, 128}, causal
 //             and not, L = 512 .. --max-seqlen, B = 1, 8 heads: flashgrad, the
 //             naive OpenBLAS attention (f32) and PyTorch's decomposed attention,
@@ -42,7 +42,7 @@ struct Settings {
   double min_time = 1.0;  // seconds of timed calls per child measurement (at least 3 calls)
 };
 
-// One run of `flashgrad roofline --json`.
+// One run of `flashgrad-lab roofline --json`.
 struct MachineRates {
   std::string json;  // the roofline's object as it printed it; empty when not run
   double sgemm_gflops = NAN, sgemm_1thread_gflops = NAN, bf16_gemm_gflops = NAN, dnnl_f32_gflops = NAN;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/check.hpp"  // make_params; tools/check.hpp is the CLI's own
+#include "../src/check.hpp"  // make_params; tools/check.hpp is the programs' own
 #include "bandwidth.hpp"
 #include "cli.hpp"
 #include "dispatch.hpp"

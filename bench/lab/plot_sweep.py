@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Plots `flashgrad bench --sweep`'s results from its sweep.json into OUT_DIR:
+"""Plots `flashgrad-lab sweep`'s results from its sweep.json into OUT_DIR:
 
   sweep_time.png    forward+backward time against L: flashgrad, naive, torch
   sweep_memory.png  peak resident memory against L, the same three

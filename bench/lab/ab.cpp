@@ -1,4 +1,4 @@
-// `flashgrad ab`: two builds of the library loaded into one process and timed
+// `flashgrad-lab ab`: two builds of the library loaded into one process and timed
 // in turns on one configuration. On a virtual machine the speed drifts by
 // more than the 3-5% a kernel change is worth (docs/performance.md); calls
 // that alternate A B B A share the drift, and the time ratio of each
@@ -98,7 +98,7 @@ std::vector<Build> load_builds(const std::string& path_a, const std::string& pat
     }
     if (!handles[i]) {
       const char* why = dlerror();
-      throw UsageError("flashgrad ab: flag --lib-" + std::string(i ? "b" : "a") +
+      throw UsageError("flashgrad-lab ab: flag --lib-" + std::string(i ? "b" : "a") +
                        ": expected a flashgrad shared library, got '" + builds[i].path +
                        "' (cannot load it: " + (why ? why : "unknown error") + ")");
     }
@@ -223,7 +223,7 @@ int run_ab(Args& args) {
     Runner(b, sp, so).run(Pass::both);
     const testing::Report r = testing::compare_with_reference(sp, so, true);
     if (!r.pass()) {
-      std::fprintf(stderr, "flashgrad ab: build %s (%s) fails its check on %s; not timing it\n%s", b.label.c_str(),
+      std::fprintf(stderr, "flashgrad-lab ab: build %s (%s) fails its check on %s; not timing it\n%s", b.label.c_str(),
                    b.path.c_str(), small.describe().c_str(), r.table().c_str());
       return 1;
     }
@@ -277,7 +277,7 @@ int run_ab(Args& args) {
                             .str()
                             .c_str());
   } else {
-    std::printf("flashgrad ab: %s, %s, %lld pairs in A B B A order\n", pass_name.c_str(), c.describe().c_str(),
+    std::printf("flashgrad-lab ab: %s, %s, %lld pairs in A B B A order\n", pass_name.c_str(), c.describe().c_str(),
                 static_cast<long long>(pairs));
     for (int i = 0; i < 2; ++i)
       std::printf("%s  %s%s (flashgrad %s, isa %s): checked on %s, worst error %.2f of its bound\n"
