@@ -241,6 +241,14 @@ Arith arith(const AttnParams& p, Precision prec) {
 // The accumulation's unit roundoff: f64 for f64 storage, else f32.
 Real unit_roundoff(const AttnParams& p) { return std::ldexp(Real(1), p.dtype == DType::f64 ? -53 : -24); }
 
+// How far rounding x to the storage dtype with unit roundoff u may move it:
+// u |x|, or below the normal range half the smallest subnormal (2^-25 in
+// f16), whatever u |x| says.
+Real storage_rounding(const AttnParams& p, Real u, Real x) {
+  const int least = p.dtype == DType::f16 ? -24 : p.dtype == DType::bf16 ? -133 : p.dtype == DType::f32 ? -149 : -1074;
+  return std::max(u * std::fabs(x), std::ldexp(Real(1), least - 1));
+}
+
 // Noise mode's passes (reference_noise.inl).
 void forward_noise(const AttnParams& p, const uint8_t* keep);
 void backward_noise(const AttnParams& p, const Grads& grads, const uint8_t* keep);
@@ -267,9 +275,10 @@ namespace {
 // dS for one head, w.r.t. the pre-softcap score (ds) and w.r.t. the bias
 // (ds_bias, before the softcap factor), and delta = rowsum(dout * out).
 // In noise mode each is instead the first-order rounding noise of computing
-// dP and delta as separate sums, P * (u_acc sum |dout v| z + u_out sum |dout out|)
-// with u_acc the accumulation's unit roundoff and u_out that of the stored out
-// that delta is built from: dS = P (dP - delta) cancels, so its error scales
+// dP and delta as separate sums, P * (u_acc sum |dout v| z + sum |dout| r(out))
+// with u_acc the accumulation's unit roundoff and r(out) the rounding of the
+// stored out that delta is built from (storage_rounding, with the unit
+// roundoff of out's dtype): dS = P (dP - delta) cancels, so its error scales
 // with the terms, not with dS. With a softcap, ds's noise adds that of the
 // factor 1 - t^2, t = tanh(s / softcap), which any computation from a rounded
 // score and a rounded t carries: g = P (dP - delta) times
@@ -304,14 +313,14 @@ HeadBackward head_backward(const AttnParams& p, const Arith& ar, const HeadForwa
     // cancelling exactly in rows with a single visible key.
     for (int64_t c = 0; c < dv; ++c) {
       const Real term = ar.acc(go[i * dv + c] * f.out[i * dv + c]);
-      delta = ar.acc(delta + (noise ? std::fabs(term) : term));
+      const Real out_noise = storage_rounding(p, u_out, f.out[i * dv + c]);
+      delta = ar.acc(delta + (noise ? std::fabs(go[i * dv + c]) * out_noise : term));
       delta_signed += term;
     }
-    g.delta[static_cast<size_t>(i)] = noise ? u_out * delta : delta;
+    g.delta[static_cast<size_t>(i)] = delta;
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t x = i * lk + j;
-      const Real gb = noise ? f.p[x] * (u_acc * dpd[x] * f.z[x] + u_out * delta)
-                            : f.p[x] * (dpd[x] * f.z[x] - delta);
+      const Real gb = noise ? f.p[x] * (u_acc * dpd[x] * f.z[x] + delta) : f.p[x] * (dpd[x] * f.z[x] - delta);
       const Real cap = p.softcap > 0 ? 1 - f.t[x] * f.t[x] : 1;
       g.ds_bias[x] = ar.acc(gb);
       g.ds[x] = ar.round(ar.acc(gb * cap));

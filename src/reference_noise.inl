@@ -26,6 +26,9 @@ Real p_roundoff(const AttnParams& p) {
   return 0;
 }
 
+// How far that rounding may move P_ij (storage_rounding), or 0.
+Real p_rounding(const AttnParams& p, Real up, Real pij) { return up > 0 ? storage_rounding(p, up, pij) : 0; }
+
 // sqrt(sum of squares), built term by term.
 struct Rss {
   Real sq = 0;
@@ -117,7 +120,7 @@ ExponentNoise exponent_noise(const AttnParams& p, const HeadForward& f, const Ma
         const int64_t x = i * lk + j;
         const Real zv = f.z[x] * v[j * dv + c];
         o.add(f.p[x] * n.logit[x] * (zv - out));
-        o.add(f.p[x] * std::hypot(n.own[x], up) * zv);
+        o.add(std::hypot(f.p[x] * n.own[x], p_rounding(p, up, f.p[x])) * zv);
       }
       o.add(u * sum_roundings(lk, [&](int64_t j) { return f.p[i * lk + j] * f.z[i * lk + j] * v[j * dv + c]; }));
       n.out[i * dv + c] = o.value();
@@ -166,7 +169,7 @@ ExponentGrads exponent_grads(const AttnParams& p, const HeadForward& f, const Ma
     for (int64_t j = 0; j < lk; ++j) {
       const int64_t x = i * lk + j;
       dd.add(f.p[x] * n.logit[x] * (dp[x] * f.z[x] - delta));
-      dd.add(f.p[x] * std::hypot(n.own[x], up) * f.z[x] * dp[x]);
+      dd.add(std::hypot(f.p[x] * n.own[x], p_rounding(p, up, f.p[x])) * f.z[x] * dp[x]);
     }
     g.delta[r] = dd.value();
     for (int64_t j = 0; j < lk; ++j) {
@@ -241,7 +244,7 @@ void head_group_noise(const AttnParams& p, int64_t b, int64_t hk, const uint8_t*
     add_product_roundings(u * p.scale, lk, d, lq, by_row(ds), q, dkh_sq);
     Matrix pez(f.p.size()), pz(f.p.size());
     for (size_t x = 0; x < pez.size(); ++x) {
-      pez[x] = f.p[x] * std::hypot(n.e[x], up) * f.z[x];
+      pez[x] = std::hypot(f.p[x] * n.e[x], p_rounding(p, up, f.p[x])) * f.z[x];
       pz[x] = f.p[x] * f.z[x];
     }
     Matrix dvh_sq = reduce(ar, lk, dv, lq, by_row(squares(pez)), squares(go), 1);
