@@ -209,11 +209,13 @@ struct Bf16DotTiles {
     gemm_bf16_epi<PairEpi::rescale>(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
                                     reinterpret_cast<const uint32_t*>(v), plan.dv_pad, o, plan.dv_pad, 1.0f, alpha);
   }
+  // Narrow tiles keys-major (narrow_usable; forward_narrow_dot.inl).
+  void narrow(const AttnParams& p, const TilePlan& plan, const ColTile<float>& c) const;
 };
 #endif
 
 // Whether Tiles computes S on AVX512_BF16 dot products (Bf16DotTiles): its
-// narrow tiles then take S^T on the same products (narrow_dot_tile).
+// narrow tiles then take S^T on the same products (Bf16DotTiles::narrow).
 template <typename Tiles>
 constexpr bool kDotTiles = false;
 #if FG_BF16_DOT

@@ -131,7 +131,7 @@ inline void softmax_cols(float* st, int64_t nj, int64_t cols, int64_t ld, float*
       for (; j < nj; ++j) step(j, 0);
       mx = vmax(vmax(mx4[0], mx4[1]), vmax(mx4[2], mx4[3]));
     }
-    // A row with no finite logit yet keeps max -inf; 0 stands in, as in forward_task.
+    // A row with no finite logit yet keeps max -inf; 0 stands in, as in softmax_rows.
     const VecF mref = vzero_if_neg_inf(mx);
     const VecF a = vexp(vsub(m_old, mref));
     VecF sum = vzero();
