@@ -25,15 +25,13 @@ template <typename Acc, typename O, typename T>
 Acc row_dot(const O* o, int64_t os, const T* g, int64_t gs, int64_t n) {
   Acc acc = 0;
   int64_t c = 0;
-#if FG_VEC_GEMM
-  if constexpr (std::is_same<Acc, float>::value && !std::is_same<T, double>::value) {
+  if constexpr (kVecGemm && std::is_same<Acc, float>::value && !std::is_same<T, double>::value) {
     if (os == 1 && gs == 1 && n >= kLanes) {
       VecF v = vzero();
       for (; c + kLanes <= n; c += kLanes) v = vfma(vload_as(o + c), vload_as(g + c), v);
       acc = vreduce_add(v);
     }
   }
-#endif
   for (; c < n; ++c) acc += static_cast<Acc>(to_float(o[c * os])) * static_cast<Acc>(to_float(g[c * gs]));
   return acc;
 }

@@ -74,13 +74,8 @@ inline bool alibi_exact(const AttnParams& p) {
 
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
-#if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
+  return kVecGemm && std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
          (!p.alibi || alibi_exact(p));
-#else
-  (void)p;
-  return false;
-#endif
 }
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_usable(const AttnParams& p, int64_t mq) {

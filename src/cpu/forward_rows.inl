@@ -95,7 +95,6 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   else
     load(t.kt, t.v);
   if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, t.k_hi - j0);
-#if FG_BF16_DOT
   if constexpr (kDotTiles<Tiles>) {
     if (at.kind == TileKind::partial) {
       tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.hi, j0, nj);
@@ -104,7 +103,6 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
       return;
     }
   }
-#endif
   tiles.qk(plan, mq, d, qx, ktx, scale, s);
   softmax_rows(t, at, s, ahead);
   tiles.pv(plan, mq, nj, s, vx, ax, ox, t.pv);

@@ -18,15 +18,10 @@ struct AccTiles {
   bool k_in_place = false;
   ScoreScale<Acc> score_scale;
   AccTiles(const AttnParams& p, int64_t mq) : score_scale(p.scale) {
-#if FG_VEC_GEMM
-    v_in_place = std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) && p.v.dim_stride == 1 &&
-                 p.head_dim_v % kPad == 0;
-#endif
-#if FG_TRANSPOSE_REGS
+    v_in_place = kVecGemm && std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) &&
+                 p.v.dim_stride == 1 && p.head_dim_v % kPad == 0;
     k_in_place = std::is_same<Acc, float>::value && mq <= kWholeRows && p.k.dim_stride == 1 &&
                  p.head_dim % kLanes == 0;
-#endif
-    (void)p, (void)mq;
   }
   // Elements per row of the Q tile.
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad; }

@@ -47,13 +47,13 @@ inline void step_maxima(Acc* m, const Acc* mx, Acc* alpha, int64_t n) {
 }
 inline void step_maxima(float* m, const float* mx, float* alpha, int64_t n) {
   int64_t r = 0;
-#if FG_VEC_GEMM
-  for (; r + kLanes <= n; r += kLanes) {
-    const VecF x = vload(mx + r);
-    vstore(alpha + r, vexp(vsub(vload(m + r), vzero_if_neg_inf(x))));
-    vstore(m + r, x);
+  if constexpr (kVecGemm) {
+    for (; r + kLanes <= n; r += kLanes) {
+      const VecF x = vload(mx + r);
+      vstore(alpha + r, vexp(vsub(vload(m + r), vzero_if_neg_inf(x))));
+      vstore(m + r, x);
+    }
   }
-#endif
   for (; r < n; ++r) {
     const float x = mx[r], mref = x == -std::numeric_limits<float>::infinity() ? 0.0f : x;
     alpha[r] = exp_acc(m[r] - mref);
