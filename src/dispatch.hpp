@@ -22,7 +22,7 @@ namespace flashgrad {
 
 enum class Isa { scalar, avx2, avx512, avx512bf16, amx };
 
-// The forward's path for a call's first task (forward.inl, task_path).
+// The forward's path for a call's first task (forward_paths.inl, task_path).
 struct ForwardChoice {
   ForwardPath path = ForwardPath::rows;
   bool heads_outer = false;

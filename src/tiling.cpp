@@ -107,7 +107,7 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   f.kt = c.take(t.dqk_pad * t.bk_pad);
   f.v = c.take(t.block_k * t.dv_pad);
   // Decode tiles across heads keep S of every head of a task, of at most
-  // kWholeRows (<= 4) rows each (forward.inl, heads_tile).
+  // kWholeRows (<= 4) rows each (forward_heads.inl, heads_tile).
   const int64_t s_rows = std::max(round_up(t.block_q, kPad), sat_mul(t.kv_heads, std::min<int64_t>(t.block_q, 4)));
   f.s = c.take(std::max(sat_mul(s_rows, t.bk_pad), sat_mul(t.bk_pad, km_ld)));
   f.o = c.take(sat_mul(rows_pad, t.dv_pad));  // per K/V head: round_up(block_q, kPad) rows, or O^T [dv_pad, <= kPad]

@@ -42,7 +42,7 @@ struct ForwardScratch {
   int64_t q, qt, kt, v, s, o, pv, stage, row_m, row_l, row_alpha, row_lo, row_hi, row_lo_f, row_hi_f, row_pos_f,
       row_slope_f, row_bias, row_mask, row_drop_x, row_drop_bh, total;
   // Pair products only: K/V tiles as the products read them, kept across the
-  // query blocks of a task's K/V heads (forward_keys_major.inl, PairTileCache):
+  // query blocks of a task's K/V heads (forward_task.inl, PairTileCache):
   // pair_slots slots of pair_slot elements each, a ready byte per slot, and
   // pair_tag (3 int64: batch, first K/V head, split) naming whose tiles
   // they hold.
@@ -134,7 +134,7 @@ inline bool amx_call(const AttnParams& p) {
 // Whether the avx512bf16 path runs a call on AVX512_BF16 dot products (both
 // passes, so the backward recomputes the forward's scores bit for bit): bf16
 // with at least 32 query rows per K/V head, or 8 to 31, which take narrow
-// tiles on dot products (forward.inl, narrow_dot_tile), where those read K
+// tiles on dot products (Bf16DotTiles::narrow), where those read K
 // and V in memory order: the keys split (each task then takes every K/V
 // head of its rows) or each head's rows contiguous. Other calls
 // take the avx512 path, whose narrow tiles read bf16 K and V where they lie

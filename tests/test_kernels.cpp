@@ -234,7 +234,7 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
         c.name = "decode_in_place_" + dtype_label(t) + "_g" + std::to_string(group) + "_lk" + std::to_string(lk);
         expect_pass(c);
         // A head's rows contiguous: its K/V heads one after another, and
-        // the whole-row products' prefetch (forward.inl, heads_outer).
+        // the whole-row products' prefetch (forward_paths.inl, heads_outer).
         c.layout = Layout::bhsd;
         c.name += "_bhsd";
         expect_pass(c);
@@ -250,7 +250,7 @@ TEST_F(Kernels, DecodeReadsValueRowsInPlace) {
 
 // Decode with the K/V heads of [batch, seq, heads, dim] side by side: a
 // task of split keys reads each K and V row through all its heads, 8 or 16
-// heads per call (forward.inl, heads_across), one or three stacked rows per
+// heads per call (forward_paths.inl, heads_across), one or three stacked rows per
 // K/V head (three take the narrow tiles on avx2); dv = 48 and 160 leave part
 // of a row's vector blocks to the one-vector tail, and d = 40 part of K's
 // row to the tail after bf16 K's pairs of 16 elements on avx2. Forward
@@ -284,7 +284,7 @@ TEST_F(Kernels, DecodeReadsRowsAcrossHeads) {
 // Tiles of 32 or more stacked query rows, and narrow tiles (8 to 31 rows on
 // avx512, 3 to 32 on avx2, one to four vectors wide; two query heads per K/V
 // head here: 80, 13, 11 and 5 rows give 160, 26, 22 and 10), that
-// only the causal or window ranges cut take keys-major scores (forward.inl).
+// only the causal or window ranges cut take keys-major scores (forward_keys_major.inl).
 // Logits near 1e4 (q, k ~ N(0, 100^2)) and a scale that is no power of two
 // make any difference between those scores and the backward's recomputed
 // ones show in dQ, dK and dV: exp(S - lse) moves by the difference times
@@ -356,7 +356,7 @@ TEST_F(Kernels, KeysMajorScoresMatchTheBackwardsRecompute) {
 
 // Narrow tiles of more than 32 stacked rows on avx2 run in chunks of 32
 // query rows over each K/V tile, for tasks that walk 2048 keys or more
-// (forward.inl, narrow_chunks): 20 and 45 rows over two query heads per K/V
+// (forward_narrow.inl, narrow_chunks): 20 and 45 rows over two query heads per K/V
 // head give 40 (32 + 8) and 90 (32 + 32 + 26). Logits near 1e4 as above,
 // so any difference between a chunk's scores and the backward's shows.
 TEST_F(Kernels, NarrowChunksMatchTheBackwardsRecompute) {
@@ -585,7 +585,7 @@ TEST_F(Kernels, DropoutMaskIsThePortableBits) {
 
 
 // The bf16 forwards of the avx512bf16 path (AVX512_BF16 dot products,
-// Bf16DotTiles in forward.inl) and of the amx path (AMX-BF16 tiles,
+// Bf16DotTiles in forward_tiles.inl) and of the amx path (AMX-BF16 tiles,
 // AmxTiles), whatever kernels() picks: these tests call the path's table
 // directly for the forward, the backward (the same path's, ScopedIsa)
 // through the API. Where FLASHGRAD_ISA forces another path they skip.
@@ -737,7 +737,7 @@ TEST_P(Bf16DotProducts, BackwardRecomputesTheForwardsScores) {
 }
 
 // The dot products' narrow tiles take up to 64 keys, their S^T in blocks
-// of 16 (forward.inl, narrow_dot_products): key counts that end a tile
+// of 16 (forward_narrow_dot.inl, narrow_dot_products): key counts that end a tile
 // inside a block, on an odd key, or one key past a tile. 8 query rows over
 // two query heads per K/V head stack to 16; the logits of order 1, so that
 // one key lost or counted twice shows. Each head's rows contiguous, so

@@ -232,7 +232,7 @@ TEST(Bf16Pairs, AccumulatingProductsAddTheSumToC) {
   }
 }
 
-// The narrow tiles' scores on dot products (forward.inl, narrow_dot_tile)
+// The narrow tiles' scores on dot products (forward_narrow_dot.inl, Bf16DotTiles::narrow)
 // must be the row path's and the backward's bit for bit, whatever the
 // scale: S^T from K's rows where they lie (ld apart, fewer than 16 at a
 // tile's end) is S = mul * Q K^T from gemm_bf16, transposed.

@@ -1,5 +1,5 @@
-// The forward's tile products on AMX-BF16 tiles (AmxTiles), with their
-// narrow tiles of 3 to 32 rows. Included by forward.inl, in order.
+// The AMX path: the forward's tile products on AMX-BF16 tiles (AmxTiles).
+// Included by forward.inl, in order.
 
 #if FG_AMX
 // bf16 storage on AMX-BF16 tiles (kernels_amx.cpp): Bf16DotTiles' layouts,
@@ -65,56 +65,11 @@ struct AmxTiles : Bf16DotTiles {
     scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
 
-  // Narrow tiles (3 to 32 stacked query rows, w = 16 or 32 columns) keys-major:
-  //   S^T [nj, w] = K Q^T   K's rows as A where they lie (contiguous bf16
-  //                         with d a multiple of kPad; else staged), qtv =
-  //                         Q^T as pairs [dqk_pad / 2, w]
-  //   O [w, dv_pad] = O * alpha + P V   P's rows as pairs from S^T, V's rows interleaved
-  // with the softmax on S^T's columns (softmax_cols). Both operands of
-  // S^T hold pairs in memory order (the lower-indexed element low): AMX's
-  // result is the same for S and S^T and for either order within a pair
-  // (on the dev CPU, 0 of 25600 scores differed each way), so these scores
-  // are bit for bit the row path's and the backward's.
+  // Narrow tiles of 3 to 32 stacked query rows keys-major (forward_amx_narrow.inl).
   static bool k_in_place(const AttnParams& p, const TilePlan& plan) {
     return p.k.dim_stride == 1 && p.head_dim == plan.dqk_pad && p.k.seq_stride % 2 == 0;
   }
-  void narrow(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t seq0, int64_t hk, int64_t nj, int64_t w,
-              const uint32_t* qtv, float* stage, float* st, float* m, float* l, float* alpha, float* o, float* vp,
-              float* ptv, float* pp, const float* lo, const float* hi, int64_t j0) const {
-    const int64_t dp = plan.dqk_pad / 2, dv = plan.dv_pad;
-    const uint32_t* kr = reinterpret_cast<const uint32_t*>(stage);
-    int64_t ldk = dp;
-    if (k_in_place(p, plan)) {
-      kr = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.k.data) + row_offset(p.k, b, seq0, hk));
-      ldk = p.k.seq_stride / 2;
-    } else {
-      auto* sw = reinterpret_cast<uint32_t*>(stage);
-      for (int64_t r = 0; r < nj; ++r) {
-        load_pairs(p.k, b, seq0 + r, hk, p.head_dim, dp, sw + r * dp);
-        for (int64_t x = 0; x < dp; ++x) sw[r * dp + x] = sw[r * dp + x] << 16 | sw[r * dp + x] >> 16;
-      }
-    }
-    gemm_amx(nj, w, dp, kr, ldk, qtv, w, st, w);
-    const float scale = static_cast<float>(p.scale);
-    if (!q_scaled)
-      for (int64_t x = 0; x < nj * w; ++x) st[x] *= scale;
-    softmax_cols(st, nj, w, w, m, l, alpha, lo, hi, static_cast<float>(j0));
-    const int64_t kp = round_up((nj + 1) / 2, int64_t{16});
-    auto* pt = reinterpret_cast<uint32_t*>(ptv);
-    for (int64_t x = 0; x < kp; ++x) {
-      if (2 * x >= nj) {
-        std::memset(pt + x * w, 0, static_cast<size_t>(w) * 4);
-        continue;
-      }
-      interleave_f32_rows(st + 2 * x * w, 2 * x + 1 < nj ? st + (2 * x + 1) * w : nullptr, w, pt + x * w);
-    }
-    transpose(kp, w, ptv, w, pp, kp);
-    load_pair_rows(p.v, b, seq0, hk, nj, p.head_dim_v, kp, dv, reinterpret_cast<uint32_t*>(vp));
-    for (int64_t r = 0; r < w; ++r)
-      for (int64_t c = 0; c < dv; ++c) o[r * dv + c] *= alpha[r];
-    gemm_amx<true>(w, dv, kp, reinterpret_cast<const uint32_t*>(pp), kp, reinterpret_cast<const uint32_t*>(vp), dv,
-                   o, dv);
-  }
+  void narrow(const AttnParams& p, const TilePlan& plan, const ColTile<float>& c) const;
 };
 template <>
 constexpr bool kAmxTiles<AmxTiles> = true;

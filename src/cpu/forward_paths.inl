@@ -1,7 +1,7 @@
-// What decides a forward task's path (task_path in forward.inl): the
-// keys-major and narrow tiles' limits, heads across and outer, and the
-// row bookkeeping every path shares (split results, finish_row). Included
-// by forward.inl, in order.
+// What decides a forward task's path (task_path, the one place it is
+// chosen): the keys-major and narrow tiles' limits, heads across and
+// outer; and the row bookkeeping every path shares (split results,
+// finish_row). Included by forward.inl, in order.
 
 // Keys-major score tiles: tiles (full, or cut by the causal and window
 // ranges or a mask; with softcap, ALiBi, bias and dropout or not) of query tiles
@@ -74,13 +74,8 @@ inline bool alibi_exact(const AttnParams& p) {
 
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_tiles(const AttnParams& p) {
-#if FG_VEC_GEMM
-  return std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
+  return kVecGemm && std::is_same<Acc, float>::value && std::is_same<Tiles, AccTiles<T, Acc>>::value &&
          (!p.alibi || alibi_exact(p));
-#else
-  (void)p;
-  return false;
-#endif
 }
 template <typename T, typename Acc, typename Tiles>
 bool keys_major_usable(const AttnParams& p, int64_t mq) {
@@ -231,4 +226,60 @@ const float* rows_f32(const Operand& o, int64_t b, int64_t seq0, int64_t h, int6
   load_tile<T>(o, b, seq0, h, nj, dim, pad, stage);
   ld = pad;
   return stage;
+}
+
+// A forward task's path: its tile routine (kind), chosen from the call, the
+// task's mq stacked rows of each of its nh K/V heads and the keys it walks,
+// and the facts that chose it.
+struct TaskPath {
+  ForwardPath kind = ForwardPath::rows;
+  bool ranged = false;      ///< keys-major tiles may take tiles the ranges cut (ranges_exact)
+  bool narrow = false;      ///< narrow tiles (narrow_usable), O^T kept
+  bool keys_major = false;  ///< S^T = K Q^T tiles (narrow ones included)
+  int64_t across = 0;       ///< heads per scores_heads call (heads_across), 0: none
+  bool amx_narrow = false;  ///< AmxTiles::narrow
+  bool heads_outer = false; ///< each K/V head through all its keys in turn
+};
+
+// Tiles the causal or window ranges cut take keys-major scores too
+// (ranges_exact). Narrow tiles keep O^T, so a task takes them only where
+// every tile can.
+template <typename T, typename Acc, typename Tiles>
+TaskPath task_path(const AttnParams& p, const TilePlan& plan, const Tiles& tiles, int64_t lk, int64_t mq,
+                   int64_t keys, int64_t nh) {
+  TaskPath t;
+  t.ranged = ranges_exact(p, lk);
+  t.narrow = t.ranged && narrow_usable<T, Acc, Tiles>(p, mq, keys);
+  t.keys_major = t.narrow || keys_major_usable<T, Acc, Tiles>(p, mq);
+  if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value)
+    if (!t.keys_major) t.across = heads_across(p, plan, tiles, nh, mq);
+  if constexpr (kAmxTiles<Tiles>)
+    t.amx_narrow = t.ranged && mq > kInPlaceRows && mq <= 2 * kLanes && plain_scores(p) && !p.mask.data;
+  t.heads_outer = heads_outer(p, nh);
+  if constexpr (kAmxTiles<Tiles>) {
+    t.kind = t.amx_narrow ? ForwardPath::amx_narrow : ForwardPath::amx;
+  } else if constexpr (kDotTiles<Tiles>) {
+    t.kind = t.narrow ? ForwardPath::narrow_dot : ForwardPath::dot_rows;
+  } else {
+    t.kind = t.narrow       ? ForwardPath::narrow
+             : t.keys_major ? ForwardPath::keys_major
+             : t.across     ? ForwardPath::heads_across
+             : tiles.k_in_place ? ForwardPath::whole_rows
+                                : ForwardPath::rows;
+  }
+  (void)plan, (void)tiles;
+  return t;
+}
+
+// The path of the call's first task: batch 0's first query block, its
+// first key run (Plan::forward_path).
+template <typename T, typename Acc, typename Tiles = AccTiles<T, Acc>>
+ForwardChoice first_task_path(const AttnParams& p, const TilePlan& plan) {
+  const int64_t lk = p.len_k(0), mq = plan.group * std::max<int64_t>(1, std::min(plan.head_rows, p.len_q(0)));
+  const Tiles tiles(p, mq);
+  const TaskPath t = task_path<T, Acc, Tiles>(p, plan, tiles, lk, mq, std::min(lk, plan.split_k), plan.kv_heads);
+  ForwardChoice c;
+  c.heads_outer = t.heads_outer;
+  c.path = t.kind;
+  return c;
 }

@@ -18,15 +18,10 @@ struct AccTiles {
   bool k_in_place = false;
   ScoreScale<Acc> score_scale;
   AccTiles(const AttnParams& p, int64_t mq) : score_scale(p.scale) {
-#if FG_VEC_GEMM
-    v_in_place = std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) && p.v.dim_stride == 1 &&
-                 p.head_dim_v % kPad == 0;
-#endif
-#if FG_TRANSPOSE_REGS
+    v_in_place = kVecGemm && std::is_same<Acc, float>::value && mq <= std::max(kInPlaceRows, kWholeRows) &&
+                 p.v.dim_stride == 1 && p.head_dim_v % kPad == 0;
     k_in_place = std::is_same<Acc, float>::value && mq <= kWholeRows && p.k.dim_stride == 1 &&
                  p.head_dim % kLanes == 0;
-#endif
-    (void)p, (void)mq;
   }
   // Elements per row of the Q tile.
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad; }
@@ -209,11 +204,13 @@ struct Bf16DotTiles {
     gemm_bf16_epi<PairEpi::rescale>(mq, plan.dv_pad, (nj + 1) / 2, reinterpret_cast<const uint32_t*>(s), lds,
                                     reinterpret_cast<const uint32_t*>(v), plan.dv_pad, o, plan.dv_pad, 1.0f, alpha);
   }
+  // Narrow tiles keys-major (narrow_usable; forward_narrow_dot.inl).
+  void narrow(const AttnParams& p, const TilePlan& plan, const ColTile<float>& c) const;
 };
 #endif
 
 // Whether Tiles computes S on AVX512_BF16 dot products (Bf16DotTiles): its
-// narrow tiles then take S^T on the same products (narrow_dot_tile).
+// narrow tiles then take S^T on the same products (Bf16DotTiles::narrow).
 template <typename Tiles>
 constexpr bool kDotTiles = false;
 #if FG_BF16_DOT

@@ -1,6 +1,6 @@
 // Kernels for the avx512bf16 path: the avx512 path with bf16 storage on
-// AVX512_BF16 dot products in both passes (Bf16DotTiles in forward.inl,
-// PairBackward<DotProducts> in backward.inl) for the calls dot_call takes.
+// AVX512_BF16 dot products in both passes (Bf16DotTiles in forward_tiles.inl,
+// PairBackward<DotProducts> in backward_step.inl) for the calls dot_call takes.
 // Only those are compiled here, with avx512bf16 added to the avx512 target
 // options; every other entry calls the avx512 table, whose code never
 // contains a BF16 instruction. Standard headers come first so that only

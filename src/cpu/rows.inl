@@ -47,13 +47,13 @@ inline void step_maxima(Acc* m, const Acc* mx, Acc* alpha, int64_t n) {
 }
 inline void step_maxima(float* m, const float* mx, float* alpha, int64_t n) {
   int64_t r = 0;
-#if FG_VEC_GEMM
-  for (; r + kLanes <= n; r += kLanes) {
-    const VecF x = vload(mx + r);
-    vstore(alpha + r, vexp(vsub(vload(m + r), vzero_if_neg_inf(x))));
-    vstore(m + r, x);
+  if constexpr (kVecGemm) {
+    for (; r + kLanes <= n; r += kLanes) {
+      const VecF x = vload(mx + r);
+      vstore(alpha + r, vexp(vsub(vload(m + r), vzero_if_neg_inf(x))));
+      vstore(m + r, x);
+    }
   }
-#endif
   for (; r < n; ++r) {
     const float x = mx[r], mref = x == -std::numeric_limits<float>::infinity() ? 0.0f : x;
     alpha[r] = exp_acc(m[r] - mref);
@@ -131,7 +131,7 @@ inline void softmax_cols(float* st, int64_t nj, int64_t cols, int64_t ld, float*
       for (; j < nj; ++j) step(j, 0);
       mx = vmax(vmax(mx4[0], mx4[1]), vmax(mx4[2], mx4[3]));
     }
-    // A row with no finite logit yet keeps max -inf; 0 stands in, as in forward_task.
+    // A row with no finite logit yet keeps max -inf; 0 stands in, as in softmax_rows.
     const VecF mref = vzero_if_neg_inf(mx);
     const VecF a = vexp(vsub(m_old, mref));
     VecF sum = vzero();

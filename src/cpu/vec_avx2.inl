@@ -1,6 +1,7 @@
 // The f32 vector layer for AVX2 + FMA: 8 lanes. The tile product keeps 6 rows
 // x 16 columns of accumulators in 12 of the 16 ymm registers.
 #define FG_VEC_GEMM 1
+constexpr bool kVecGemm = true;  // FG_VEC_GEMM for if constexpr
 using VecF = __m256;
 constexpr int64_t kLanes = 8;
 constexpr int64_t kGemmMr = 6;

@@ -1,6 +1,7 @@
 // The f32 vector layer for AVX-512: 16 lanes. The tile product keeps 6 rows x
 // 64 columns of accumulators in 24 of the 32 zmm registers.
 #define FG_VEC_GEMM 1
+constexpr bool kVecGemm = true;  // FG_VEC_GEMM for if constexpr
 using VecF = __m512;
 constexpr int64_t kLanes = 16;
 // The tile product's register block: 6 rows x 4 vectors (64 columns), 24
