@@ -17,14 +17,7 @@
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_BF16_DOT 1
-#define FG_AMX 1
+#include "cpu/target_amx.hpp"
 #define FG_DASSERT(x) ((void)0)
 
 namespace flashgrad::bench::amx {
@@ -37,6 +30,4 @@ void pair_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda,
   _tile_release();
 }
 }  // namespace flashgrad::bench::amx
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

@@ -13,14 +13,7 @@
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_ISA_ENUM Isa::avx2
-#define FG_ISA_NAME "avx2"
+#include "cpu/target_avx2.hpp"
 #define FG_DASSERT(x) ((void)0)
 
 namespace flashgrad::bench::avx2 {
@@ -29,6 +22,4 @@ namespace flashgrad::bench::avx2 {
 #include "cpu/rows.inl"
 #include "tile_ops.inl"
 }  // namespace flashgrad::bench::avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

@@ -17,14 +17,7 @@
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_ISA_ENUM Isa::avx512
-#define FG_ISA_NAME "avx512"
+#include "cpu/target_avx512.hpp"
 #define FG_DASSERT(x) ((void)0)
 
 namespace flashgrad::bench::avx512 {
@@ -33,6 +26,4 @@ namespace flashgrad::bench::avx512 {
 #include "cpu/rows.inl"
 #include "tile_ops.inl"
 }  // namespace flashgrad::bench::avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

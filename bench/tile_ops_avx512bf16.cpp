@@ -16,13 +16,7 @@
 #include "dispatch.hpp"
 #include "tile_ops.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_BF16_DOT 1
+#include "cpu/target_avx512bf16.hpp"
 #define FG_DASSERT(x) ((void)0)
 
 namespace flashgrad::bench::avx512bf16 {
@@ -33,6 +27,4 @@ void pair_gemm(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda,
   gemm_bf16(m, n, kp, a, lda, b, ldb, c, ldc, 1.0f);
 }
 }  // namespace flashgrad::bench::avx512bf16
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

@@ -27,14 +27,7 @@
 #include "params.hpp"
 #include "tiling.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_BF16_DOT 1
-#define FG_AMX 1
+#include "cpu/target_amx.hpp"
 #ifndef NDEBUG
 #define FG_DASSERT(x) assert(x)
 #else
@@ -74,6 +67,4 @@ ForwardChoice forward_path_entry(const AttnParams& p, const TilePlan& plan) {
 extern const KernelTable table;
 const KernelTable table = {Isa::amx, "amx", forward_entry, backward_entry, dropout_mask_entry, forward_path_entry};
 }  // namespace flashgrad::cpu::amx
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

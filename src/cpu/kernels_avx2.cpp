@@ -18,19 +18,10 @@
 #include "params.hpp"
 #include "tiling.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_ISA_ENUM Isa::avx2
-#define FG_ISA_NAME "avx2"
+#include "cpu/target_avx2.hpp"
 
 namespace flashgrad::cpu::avx2 {
 #include "cpu/vec_avx2.inl"
 #include "cpu/kernels.inl"
 }  // namespace flashgrad::cpu::avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

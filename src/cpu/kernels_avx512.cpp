@@ -23,19 +23,10 @@
 #include "params.hpp"
 #include "tiling.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_ISA_ENUM Isa::avx512
-#define FG_ISA_NAME "avx512"
+#include "cpu/target_avx512.hpp"
 
 namespace flashgrad::cpu::avx512 {
 #include "cpu/vec_avx512.inl"
 #include "cpu/kernels.inl"
 }  // namespace flashgrad::cpu::avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"

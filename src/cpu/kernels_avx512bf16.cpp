@@ -27,13 +27,7 @@
 #include "params.hpp"
 #include "tiling.hpp"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2"))), apply_to = function)
-#else
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi2")
-#endif
-#define FG_PORTABLE_HALF 0
-#define FG_BF16_DOT 1
+#include "cpu/target_avx512bf16.hpp"
 #ifndef NDEBUG
 #define FG_DASSERT(x) assert(x)
 #else
@@ -74,6 +68,4 @@ extern const KernelTable table;
 const KernelTable table = {Isa::avx512bf16, "avx512bf16", forward_entry, backward_entry, dropout_mask_entry,
                            forward_path_entry};
 }  // namespace flashgrad::cpu::avx512bf16
-#if defined(__clang__)
-#pragma clang attribute pop
-#endif
+#include "cpu/target_end.hpp"
