@@ -21,11 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from proc_stats import cpu_model, vmhwm
+from proc_stats import cpu_model, mem_available, run_json_child, vmhwm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("FlashGrad", "sdpa", "eager")
@@ -87,20 +86,13 @@ def child(cfg: dict) -> dict:
 def _eager_fits(cfg: dict) -> bool:
     """eager keeps each layer's scores and probabilities ([heads, L, L]) for backward."""
     need = cfg["context"] ** 2 * 8 * {"f32": 4, "bf16": 2}[cfg["dtype"]] * 3 * 6
-    with open("/proc/meminfo") as f:
-        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    return need < 0.8 * avail
+    return need < 0.8 * mem_available()
 
 
 def run(cfg: dict) -> dict:
     if cfg["impl"] == "eager" and not _eager_fits(cfg):
         return {"error": "does not fit in memory"}
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {p.returncode}"}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_json_child(os.path.abspath(__file__), cfg)
 
 
 def report(rows, meta, out_dir):

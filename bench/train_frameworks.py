@@ -28,11 +28,10 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from proc_stats import cpu_model, vmhwm
+from proc_stats import cpu_model, mem_available, run_json_child, vmhwm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("flashgrad", "own")
@@ -177,20 +176,13 @@ def _own_fits(length: int) -> bool:
     """The framework's attention keeps scores and probabilities per layer ([heads, L, L] f32),
     with a temporary or two beside them."""
     need = length ** 2 * MODEL["heads"] * 4 * 4 * MODEL["layers"]
-    with open("/proc/meminfo") as f:
-        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    return need < 0.8 * avail
+    return need < 0.8 * mem_available()
 
 
 def run(cfg: dict) -> dict:
     if cfg["impl"] == "own" and not _own_fits(cfg["length"]):
         return {"error": "does not fit in memory"}
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()
-        return {"error": tail[-1] if tail else f"exit {p.returncode}"}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_json_child(os.path.abspath(__file__), cfg)
 
 
 def _curve_gap(rows, framework):
