@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """flashgrad.jax and flashgrad.mlx beside each framework's own CPU attention.
 
-    <venv>/bin/python bench/frameworks.py [--frameworks jax,mlx] [--max-length L] [--out DIR]
+    <venv>/bin/python bench/frameworks.py [--frameworks jax,mlx] [--max-length L] [--own-max-length L]
+                                 [--out DIR]
 
 JAX: flashgrad.jax.dot_product_attention against jax.nn.dot_product_attention (XLA), both
 jitted, on [B, L, H, d]. MLX: flashgrad.mlx.scaled_dot_product_attention against
@@ -202,6 +203,8 @@ def main():
     ap.add_argument("--causal", default="0,1", help="0, 1 or both")
     ap.add_argument("--min-length", type=int, default=512)
     ap.add_argument("--max-length", type=int, default=16384)
+    ap.add_argument("--own-max-length", type=int, default=1 << 62,
+                    help="longest L at which the framework's own attention runs (flashgrad goes on)")
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of timed runs per child")
     ap.add_argument("--max-reps", type=int, default=5)
@@ -229,8 +232,8 @@ def main():
                         cfg = {"framework": fw, "dtype": dtype, "dim": dim, "causal": causal, "seqlen": length,
                                "batch": 1, "heads": a.heads, "threads": a.threads, "min_time": a.min_time,
                                "max_reps": a.max_reps}
-                        rows.append(measure(cfg, own_ok))
-                        own_ok = "error" not in rows[-1]["own"]
+                        rows.append(measure(cfg, own_ok, length > a.own_max_length))
+                        own_ok = own_ok and (length > a.own_max_length or "error" not in rows[-1]["own"])
                         print(line(rows[-1]), flush=True)
                         with open(os.path.join(a.out, "frameworks.json"), "w") as f:
                             json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -241,11 +244,12 @@ def main():
     return 0
 
 
-def measure(cfg, own_ok) -> dict:
+def measure(cfg, own_ok, past_max=False) -> dict:
     row = dict(cfg)
     fits, need = own_fits(cfg)
-    if not own_ok or not fits:
-        row["own"] = {"error": f"does not fit (needs about {need / 2**30:.1f} GiB)" if not fits else "not run"}
+    if not own_ok or not fits or past_max:
+        row["own"] = {"error": f"does not fit (needs about {need / 2**30:.1f} GiB)" if not fits else
+                      "not run (past --own-max-length)" if past_max else "not run"}
         row["check"] = {}
         row["flashgrad"] = run_child("time", dict(cfg, impl="flashgrad"))
         return row

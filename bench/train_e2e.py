@@ -3,7 +3,8 @@
 and "eager" side by side, in one run.
 
     <venv>/bin/python bench/train_e2e.py [--contexts 1024,2048,4096,8192,16384] [--steps 6]
-                                         [--models llama,mistral_window] [--dtype f32|bf16] [--out DIR]
+                                         [--models llama,mistral_window] [--impls FlashGrad,sdpa,eager]
+                                         [--dtype f32|bf16] [--out DIR]
 
 Models are built from configs written here and randomly initialised (no downloads): a
 Llama-style model (6 layers, d_model 512, 8 query heads over 2 K/V heads, head dim 64) and the
@@ -12,7 +13,9 @@ its own process from the same seed on the same batches (a copy task: the second 
 sequence repeats the first, so the loss falls), with AdamW, batch 1, float32 (--dtype bf16: weights, activations and attention
 in bfloat16, as a model cast with .to(torch.bfloat16) trains). After one warm-up
 step it reports tokens per second (the median step), the process's peak resident memory and
-every step's loss. A configuration whose attention would not fit in memory (eager's scores grow
+every step's loss, and the time that step spent in attention, forward and backward (the model's
+attention function timed between two autograd nodes): the rest of the step is the same for every
+implementation, so it bounds what any attention can gain (the "with attention free" column). A configuration whose attention would not fit in memory (eager's scores grow
 as L^2) is reported as such instead of run. Writes DIR/train_e2e.json, .md and .png.
 """
 from __future__ import annotations
@@ -65,27 +68,84 @@ def child(cfg: dict) -> dict:
     torch.set_num_threads(cfg["threads"])
     flashgrad.torch.set_num_threads(cfg["threads"])
     torch.manual_seed(0)
+    clock = _time_attention(torch, transformers)
     config = _config(cfg["model"], cfg["context"])
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=cfg["impl"])
     model.to({"f32": torch.float32, "bf16": torch.bfloat16}[cfg["dtype"]])
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, times = [], []
+    losses, times, attn = [], [], []
     for ids in _batches(cfg["context"], cfg["steps"] + 1, config.vocab_size, seed=1):
+        clock.seconds = 0.0
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        attn.append(clock.seconds)
         losses.append(loss.item())
-    step = statistics.median(times[1:])
-    return {"tokens_per_s": cfg["context"] / step, "step_s": step, "peak_bytes": vmhwm(), "losses": losses}
+    i = times.index(statistics.median_low(times[1:]), 1)
+    return {"tokens_per_s": cfg["context"] / times[i], "step_s": times[i], "attention_s": attn[i],
+            "peak_bytes": vmhwm(), "losses": losses}
+
+
+def _time_attention(torch, transformers):
+    """Adds the wall time of every attention call, forward and backward, to clock.seconds.
+
+    The model's attention function (whichever attn_implementation picks) is wrapped between two
+    autograd nodes: the backward reaches the one after it first and the one before it last, so
+    the time between them is the attention's backward (its GQA expansion included)."""
+
+    class Clock:
+        seconds = 0.0
+        began = 0.0
+
+    clock = Clock()
+
+    class Before(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.view_as(q), k.view_as(k), v.view_as(v)
+
+        @staticmethod
+        def backward(ctx, dq, dk, dv):
+            clock.seconds += time.perf_counter() - clock.began
+            return dq, dk, dv
+
+    class After(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, out):
+            return out.view_as(out)
+
+        @staticmethod
+        def backward(ctx, dout):
+            clock.began = time.perf_counter()
+            return dout
+
+    interface = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
+    get = interface.get_interface
+
+    def timed_interface(name, default):
+        fn = get(name, default)
+
+        def timed(module, q, k, v, *args, **kwargs):
+            q, k, v = Before.apply(q, k, v)
+            t0 = time.perf_counter()
+            out, weights = fn(module, q, k, v, *args, **kwargs)
+            clock.seconds += time.perf_counter() - t0
+            return After.apply(out), weights
+
+        return timed
+
+    interface.get_interface = timed_interface
+    return clock
 
 
 def _eager_fits(cfg: dict) -> bool:
-    """eager keeps each layer's scores and probabilities ([heads, L, L]) for backward."""
-    need = cfg["context"] ** 2 * 8 * {"f32": 4, "bf16": 2}[cfg["dtype"]] * 3 * 6
+    """eager keeps each layer's scores and probabilities ([heads, L, L]) for backward: 12 bytes an
+    element in float32, and as many in bfloat16, whose softmax runs in float32 before the cast."""
+    need = cfg["context"] ** 2 * 8 * 12 * 6
     return need < 0.8 * mem_available()
 
 
@@ -99,8 +159,9 @@ def report(rows, meta, out_dir):
     lines = [f"# End-to-end training on the CPU\n\n{meta['cpu']}, {meta['threads']} threads, {meta['dtype']}, "
              f"torch {meta['torch']}, "
              f"transformers {meta['transformers']}. Command: `{meta['command']}`\n",
-             "| model | context | impl | tokens/s | over sdpa | peak MiB | first / last loss |",
-             "|---|---:|---|---:|---:|---:|---|"]
+             "| model | context | impl | tokens/s | over sdpa | attention's share of the step | "
+             "over sdpa with attention free | peak MiB | first / last loss |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         sdpa = next((x for x in rows if x["model"] == r["model"] and x["context"] == r["context"]
                      and x["impl"] == "sdpa" and "error" not in x["result"]), None)
@@ -109,7 +170,10 @@ def report(rows, meta, out_dir):
             lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['error']} | | | |")
             continue
         rel = f"{res['tokens_per_s'] / sdpa['result']['tokens_per_s']:.2f}x" if sdpa else "-"
+        # Amdahl: the step's other work stays, so even attention in no time gains at most this.
+        free = f"{sdpa['result']['step_s'] / (res['step_s'] - res['attention_s']):.2f}x" if sdpa else "-"
         lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['tokens_per_s']:.0f} | {rel} "
+                     f"| {res['attention_s'] / res['step_s']:.2f} | {free} "
                      f"| {res['peak_bytes'] / 2**20:.0f} | {res['losses'][0]:.3f} / {res['losses'][-1]:.3f} |")
     with open(os.path.join(out_dir, "train_e2e.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -155,6 +219,7 @@ def main():
     ap.add_argument("--contexts", default="1024,2048,4096,8192,16384")
     ap.add_argument("--models", default="llama,mistral_window")
     ap.add_argument("--steps", type=int, default=6, help="timed steps after one warm-up step")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="attn_implementation values to run")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "train_e2e"))
@@ -172,14 +237,17 @@ def main():
     rows = []
     for model in a.models.split(","):
         for context in (int(x) for x in a.contexts.split(",")):
-            for impl in IMPLS:
+            for impl in a.impls.split(","):
+                if impl not in IMPLS:
+                    ap.error(f"argument --impls: expected a list of {', '.join(IMPLS)}, got {impl!r}")
                 cfg = {"model": model, "context": context, "impl": impl, "steps": a.steps, "threads": a.threads,
                        "dtype": a.dtype}
                 row = dict(cfg, result=run(cfg))
                 rows.append(row)
                 res = row["result"]
                 print(f"{model:>15} L={context:<6} {impl:>9}: " + (res["error"] if "error" in res else
-                      f"{res['tokens_per_s']:8.0f} tokens/s, {res['peak_bytes'] / 2**20:6.0f} MiB, "
+                      f"{res['tokens_per_s']:8.0f} tokens/s, attention {res['attention_s'] / res['step_s']:.2f} "
+                      f"of the step, {res['peak_bytes'] / 2**20:6.0f} MiB, "
                       f"loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f}"), flush=True)
                 with open(os.path.join(a.out, "train_e2e.json"), "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -143,7 +143,10 @@ void print_table(const Case& c, const Case& small, const testing::Report& r, int
 
 }  // namespace
 
+int run_bench_features(Args& args);  // bench_features.cpp
+
 int run_bench(Args& args) {
+  if (args.has("--features")) return run_bench_features(args);
   const Case c = case_from_flags(args);
   const int64_t repeats = args.integer("--repeats", 5, 1);
   const int64_t warmup = args.integer("--warmup", 1, 0);

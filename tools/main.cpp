@@ -56,6 +56,11 @@ std::map<std::string, std::string> usage() {
            "  --cold-mib M         time calls on copies of the problem (new seeds), in turn,\n"
            "                       whose inputs add up to M MiB: each call then reads its\n"
            "                       inputs from memory, not from cache (default 0: one copy)\n"
+           "  --features           instead: the rate of each feature (softcap 30, dropout 0.1,\n"
+           "                       bias, mask, windows 256 and 1024, MQA, short sequences at\n"
+           "                       B * L = L), alone and with causal, over the plain rate,\n"
+           "                       in one run; L defaults to 2048, and --dtypes (f32,bf16)\n"
+           "                       and --dims (64,128) list what to run\n"
            "  The benchmark suite over many configurations is `flashgrad-lab sweep`.\n"},
       {"info", std::string("usage: flashgrad info [--explain [flags]]\n"
                            "  version, the SIMD paths and threads; with --explain, the plans of a\n"
