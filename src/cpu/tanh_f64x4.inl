@@ -16,7 +16,9 @@ inline __m256d tanh_abs_f64x4(__m256d x) {
       _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n)), _mm256_set1_epi64x(1023)), 52);
   const __m256d scale = _mm256_castsi256_pd(bits);
   const __m256d e = _mm256_fmadd_pd(scale, p, _mm256_sub_pd(scale, _mm256_set1_pd(1.0)));
-  return _mm256_div_pd(e, _mm256_add_pd(e, _mm256_set1_pd(2.0)));
+  const __m256d d = _mm256_add_pd(e, _mm256_set1_pd(2.0));
+  const __m256d r0 = _mm256_cvtps_pd(_mm_div_ps(_mm_set1_ps(1.0f), _mm256_cvtpd_ps(d)));
+  return _mm256_mul_pd(e, _mm256_fmadd_pd(r0, _mm256_fnmadd_pd(d, r0, _mm256_set1_pd(1.0)), r0));
 }
 
 inline __m256 tanh_f32x8(__m256 s, double inv) {

@@ -76,13 +76,34 @@ inline VecF vexp(VecF x) {
   return _mm512_maskz_scalef_ps(keep, p, nf);
 }
 
-// tanh_f32 (vec.inl) lane-wise, on each 256-bit half with the AVX2 form.
-#include "tanh_f64x4.inl"
+// tanh_f32 (vec.inl) lane-wise, in two halves of 8 f64 lanes: the same
+// operations in the same order as tanh_f64x4.inl's, so the same results.
 #define FG_PHILOX_X8 1
 #include "philox_x8.inl"
+inline __m256 tanh_abs_f32x8(__m256 s, double inv) {
+  const __m512d x = _mm512_mul_pd(_mm512_cvtps_pd(s), _mm512_set1_pd(inv));
+  const __m512d a = _mm512_mul_pd(_mm512_min_pd(_mm512_abs_pd(x), _mm512_set1_pd(kTanhClamp)), _mm512_set1_pd(2.0));
+  const __m512d n =
+      _mm512_roundscale_pd(_mm512_mul_pd(a, _mm512_set1_pd(kTanhLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kTanhLn2Hi), a);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kTanhLn2Lo), r);
+  __m512d p = _mm512_set1_pd(kTanhPoly[0]);
+  for (int i = 1; i < kTanhPolyTerms; ++i) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kTanhPoly[i]));
+  p = _mm512_mul_pd(p, r);
+  const __m512i bits =
+      _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)), _mm512_set1_epi64(1023)), 52);
+  const __m512d scale = _mm512_castsi512_pd(bits);
+  const __m512d e = _mm512_fmadd_pd(scale, p, _mm512_sub_pd(scale, _mm512_set1_pd(1.0)));
+  const __m512d d = _mm512_add_pd(e, _mm512_set1_pd(2.0));
+  const __m512d r0 = _mm512_cvtps_pd(_mm256_div_ps(_mm256_set1_ps(1.0f), _mm512_cvtpd_ps(d)));
+  return _mm512_cvtpd_ps(_mm512_mul_pd(e, _mm512_fmadd_pd(r0, _mm512_fnmadd_pd(d, r0, _mm512_set1_pd(1.0)), r0)));
+}
 inline VecF vtanh(VecF s, double inv) {
-  const __m256 lo = tanh_f32x8(_mm512_castps512_ps256(s), inv), hi = tanh_f32x8(_mm512_extractf32x8_ps(s, 1), inv);
-  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  const __m256 lo = tanh_abs_f32x8(_mm512_castps512_ps256(s), inv);
+  const __m256 hi = tanh_abs_f32x8(_mm512_extractf32x8_ps(s, 1), inv);
+  const VecF t = _mm512_or_ps(_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1),
+                              _mm512_and_ps(s, _mm512_set1_ps(-0.0f)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q), t, s);
 }
 
 // 16 lanes of f32, bf16 or f16 bits (exact) as f32.
