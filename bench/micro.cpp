@@ -4,6 +4,7 @@
 //   gemm_block/<isa>/k:64              one register block of the tile product
 //   gemm_nn/<isa>/<product>            whole tiles, at the shapes forward and backward multiply
 //   softmax_rows, grad_rows/<isa>      the softmax and its gradient over a 128 x 64 score tile
+//   softcap_rows, dropout_rows/<isa>   the softcap's tanh and dropout over such a tile
 //   transpose/<isa>                    a 64 x 128 K tile, in register blocks
 //   forward, backward/<isa>/<dtype>/L256_d<d>   B = 1, 4 heads, one thread,
 //                                      through that ISA's kernel table
@@ -160,6 +161,44 @@ void softmax_rows_bench(benchmark::State& state, Isa isa) {
   state.SetLabel("128 rows of 64");
 }
 
+// The softcap over a 128 x 64 score tile: s = cap tanh(s / cap), keeping the
+// tanh as the backward does. Restored from a copy each pass (outside the
+// timing's count of elements, inside its time), so the inputs stay on the
+// range the logits have.
+void softcap_rows_bench(benchmark::State& state, Isa isa) {
+  const TileOps& ops = tile_ops(isa);
+  const int64_t n = kRows * kCols;
+  std::vector<float> x = testing::uniform_floats(static_cast<size_t>(n), 7);
+  for (float& v : x) v *= 60.0f;
+  std::vector<float> s = x, t(x.size());
+  ops.softcap_row(s.data(), n, 30.0f, t.data());
+  for (int64_t j = 0; j < n; ++j)
+    if (std::fabs(t[j] - std::tanh(static_cast<double>(x[j]) / 30.0)) > 1e-7) return fail(state, "wrong result");
+  for (auto _ : state) {
+    std::copy(x.begin(), x.end(), s.begin());
+    ops.softcap_row(s.data(), n, 30.0f, t.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetLabel("128 x 64 scores, cap 30");
+}
+
+// Dropout over a 128 x 64 score tile at p = 0.1: Philox's keep decisions
+// and the zeroing, as the kernels run them per score.
+void dropout_rows_bench(benchmark::State& state, Isa isa) {
+  const TileOps& ops = tile_ops(isa);
+  std::vector<float> s(static_cast<size_t>(kRows * kCols), 1.0f);
+  for (int64_t r = 0; r < kRows; ++r) ops.dropout_row(s.data() + r * kCols, kCols, r, 0.1f);
+  const double kept = static_cast<double>(std::count(s.begin(), s.end(), 1.0f)) / static_cast<double>(s.size());
+  if (kept < 0.87 || kept > 0.93) return fail(state, "wrong result");
+  for (auto _ : state) {
+    for (int64_t r = 0; r < kRows; ++r) ops.dropout_row(s.data() + r * kCols, kCols, r, 0.1f);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * kRows * kCols);
+  state.SetLabel("128 x 64 scores, p 0.1");
+}
+
 // The backward's row step: P = exp(S - lse), dS = P * (dP - delta). With
 // lse = 2 and delta = -0.5, repeating it converges to S ~ 0.16, dS ~ 0.1.
 void grad_rows_bench(benchmark::State& state, Isa isa) {
@@ -297,6 +336,8 @@ void register_isa(Isa isa) {
     benchmark::RegisterBenchmark(("gemm_nn/" + name + "/" + pr.name).c_str(), gemm_nn_bench, isa, pr);
   benchmark::RegisterBenchmark(("softmax_rows/" + name).c_str(), softmax_rows_bench, isa);
   benchmark::RegisterBenchmark(("grad_rows/" + name).c_str(), grad_rows_bench, isa);
+  benchmark::RegisterBenchmark(("softcap_rows/" + name).c_str(), softcap_rows_bench, isa);
+  benchmark::RegisterBenchmark(("dropout_rows/" + name).c_str(), dropout_rows_bench, isa);
   benchmark::RegisterBenchmark(("transpose/" + name).c_str(), transpose_bench, isa);
   for (const bool backward : {false, true})
     for (const DType dtype : {DType::f32, DType::bf16})

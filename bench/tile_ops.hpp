@@ -34,6 +34,9 @@ struct TileOps {
   void (*grad_row)(float* s, float* dp, int64_t n, float lse, float delta);
   // s[j] = softcap * tanh(s[j] / softcap) and t[j] = the tanh, for j < n (any n).
   void (*softcap_row)(float* s, int64_t n, float softcap, float* t);
+  // Dropout on row i of a score tile: x[j] = 0 where Philox drops (i, j) at
+  // probability p, for j < n (any n), as the kernels decide it.
+  void (*dropout_row)(float* x, int64_t n, int64_t i, float p);
   // dst [cols, rows] (row stride ldd) = transpose of src [rows, cols] (row stride lds);
   // rows and cols multiples of 16.
   void (*transpose)(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);

@@ -1,5 +1,6 @@
 // The TileOps table of one ISA. Included by tile_ops_<isa>.cpp inside
-// namespace flashgrad::bench::<isa>, after vec_<isa>.inl, vec.inl and rows.inl.
+// namespace flashgrad::bench::<isa>, after vec_<isa>.inl, vec.inl, rows.inl and
+// rng.inl.
 
 namespace {
 
@@ -27,6 +28,15 @@ float exp_fn(float* s, int64_t n, float m) { return exp_row(s, n, m); }
 float max_fn(const float* s, int64_t n, float init) { return row_max(s, n, init); }
 void grad_fn(float* s, float* dp, int64_t n, float lse, float delta) { grad_row(s, dp, n, lse, delta); }
 void softcap_fn(float* s, int64_t n, float softcap, float* t) { softcap_row(s, n, softcap, t); }
+void dropout_fn(float* x, int64_t n, int64_t i, float p) {
+  Philox rng{0x2545F491u, 0x9E3779B9u, 0, 0, 0, 0, static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0), true};
+  uint8_t keep[256];
+  for (int64_t j0 = 0; j0 < n; j0 += 256) {
+    const int64_t m = std::min<int64_t>(256, n - j0);
+    rng.keep_row(i, j0, m, keep);
+    drop_row(keep, m, x + j0);
+  }
+}
 void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd) {
   transpose(rows, cols, src, lds, dst, ldd);
 }
@@ -35,4 +45,4 @@ void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, flo
 
 extern const TileOps table;
 const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,  kBlockRows, kBlockCols, gemm_fn,   block_fn,
-                       exp_fn,      max_fn,      grad_fn, softcap_fn, transpose_fn};
+                       exp_fn,      max_fn,      grad_fn, softcap_fn, dropout_fn, transpose_fn};

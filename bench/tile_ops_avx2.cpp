@@ -20,6 +20,7 @@ namespace flashgrad::bench::avx2 {
 #include "cpu/vec_avx2.inl"
 #include "cpu/vec.inl"
 #include "cpu/rows.inl"
+#include "cpu/rng.inl"
 #include "tile_ops.inl"
 }  // namespace flashgrad::bench::avx2
 #include "cpu/target_end.hpp"

@@ -24,6 +24,7 @@ namespace flashgrad::bench::avx512 {
 #include "cpu/vec_avx512.inl"
 #include "cpu/vec.inl"
 #include "cpu/rows.inl"
+#include "cpu/rng.inl"
 #include "tile_ops.inl"
 }  // namespace flashgrad::bench::avx512
 #include "cpu/target_end.hpp"

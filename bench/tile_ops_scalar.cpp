@@ -20,5 +20,6 @@ namespace flashgrad::bench::scalar {
 #include "cpu/vec_scalar.inl"
 #include "cpu/vec.inl"
 #include "cpu/rows.inl"
+#include "cpu/rng.inl"
 #include "tile_ops.inl"
 }  // namespace flashgrad::bench::scalar

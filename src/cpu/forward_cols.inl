@@ -68,7 +68,13 @@ struct ScoreCols {
     if (!drop_x) return;
 #if FG_PHILOX_X8
     FG_DASSERT(cols % 8 == 0);  // whole vectors of query rows
-    for (int64_t c = 0; c < cols; c += 8)
+    int64_t c = 0;
+#if FG_PHILOX_X16
+    for (; c + 16 <= cols; c += 16)
+      philox_drop_x16(drop_x + c, drop_bh + c, rng->off, rng->key0, rng->key1, rng->threshold, rng->col0 + key0, nj,
+                      pt + c, ld);
+#endif
+    for (; c < cols; c += 8)
       philox_drop_x8(drop_x + c, drop_bh + c, rng->off, rng->key0, rng->key1, rng->threshold, rng->col0 + key0, nj,
                      pt + c, ld);
 #else

@@ -1,8 +1,8 @@
 // Philox4x32-10 (rng.inl, Philox::block) for 8 counters at once. philox_x8:
 // counter words c0 + 0..7, c1, x2 and x3 shared, out[w] holding word w of
 // each of the 8 blocks. The same integer operations as the scalar form, so
-// the same bits. Shared by the AVX2 and AVX-512 layers (the latter not
-// timed; tuning table: philox_x8).
+// the same bits. The AVX2 layer's; the AVX-512 layer draws 16 at a time
+// (philox_x16.inl) and takes these for the rest of a row.
 
 inline void philox_mul(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
   const __m256i even = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6 as 64 bits

@@ -48,6 +48,21 @@ struct Philox {
     uint32_t lanes[4];
     int64_t jj = 0;
     const uint32_t x = static_cast<uint32_t>(row0 + i);
+#if FG_PHILOX_X16
+    // 16 blocks (64 columns) at a time.
+    while (n - jj > 32) {
+      const int64_t y = col0 + j0 + jj;
+      const int64_t e = y & 3, m = std::min<int64_t>(64 - e, n - jj);
+      if (e == 0 && m == 64) {
+        philox_keep_x16(static_cast<uint32_t>(y >> 2), x, bh, off, key0, key1, threshold, keep + jj);
+      } else {
+        uint8_t k[64];
+        philox_keep_x16(static_cast<uint32_t>(y >> 2), x, bh, off, key0, key1, threshold, k);
+        std::memcpy(keep + jj, k + e, static_cast<size_t>(m));
+      }
+      jj += m;
+    }
+#endif
 #if FG_PHILOX_X8
     // 8 blocks (32 columns) at a time; their words interleave as the columns.
     for (__m256i w[4]; n - jj > 8;) {

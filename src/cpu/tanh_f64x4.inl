@@ -1,6 +1,6 @@
 // tanh_f32 (vec.inl) on 8 lanes, in two halves of 4 f64 lanes: the same
-// operations in the same order, so the same results. Shared by the AVX2 and
-// AVX-512 layers (the latter runs it on each 256-bit half).
+// operations in the same order, so the same results. The AVX2 layer's
+// (vec_avx512.inl has its 8-lane form).
 
 inline __m256d tanh_abs_f64x4(__m256d x) {
   const __m256d a = _mm256_mul_pd(

@@ -80,6 +80,8 @@ inline VecF vexp(VecF x) {
 // operations in the same order as tanh_f64x4.inl's, so the same results.
 #define FG_PHILOX_X8 1
 #include "philox_x8.inl"
+#define FG_PHILOX_X16 1
+#include "philox_x16.inl"
 inline __m256 tanh_abs_f32x8(__m256 s, double inv) {
   const __m512d x = _mm512_mul_pd(_mm512_cvtps_pd(s), _mm512_set1_pd(inv));
   const __m512d a = _mm512_mul_pd(_mm512_min_pd(_mm512_abs_pd(x), _mm512_set1_pd(kTanhClamp)), _mm512_set1_pd(2.0));
