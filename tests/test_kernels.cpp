@@ -556,14 +556,15 @@ TEST(Dispatch, ScopedIsaSwitchesItsThreadWhileItLives) {
   EXPECT_EQ(kernels().isa, before);
 }
 
-// Each ISA's dropout decisions (eight Philox blocks at a time on avx2 and
-// avx512, rng.inl) are the portable path's bit for bit: row lengths around
-// the 32 columns of eight blocks, and a chunk of a longer attention whose
-// first key is not a multiple of 4 (its blocks start mid-way).
+// Each ISA's dropout decisions (Philox blocks eight at a time on avx2,
+// sixteen then eight on the AVX-512 paths, rng.inl) are the portable path's
+// bit for bit: row lengths around the 32 and 64 columns of eight and
+// sixteen blocks, and a chunk of a longer attention whose first key is not
+// a multiple of 4 (its blocks start mid-way).
 TEST_F(Kernels, DropoutMaskIsThePortableBits) {
   for (Isa isa : isas_under_test())
     for (int64_t k_offset : {0, 5, 130})
-      for (int64_t lk : {1, 7, 9, 31, 32, 33, 41, 64, 100, 257}) {
+      for (int64_t lk : {1, 7, 9, 31, 32, 33, 41, 63, 64, 65, 97, 100, 129, 257}) {
         AttnParams p;
         p.batch = 2;
         p.heads_q = 3;
