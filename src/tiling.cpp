@@ -81,10 +81,11 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   if (std::max(p.head_dim, p.head_dim_v) <= 128)
     t.block_q = windowed(p) || (pairs && p.seqlen_q <= 1024) ? 128 : 256;
   // bf16 pairs: the products cost little beside what each key tile costs
-  // per row (the softmax's row passes, O's rescale), so 256-key tiles
-  // (tuning table: kMaxBlockK).
-  if (pairs && std::max(p.head_dim, p.head_dim_v) <= 128 && !windowed(p)) {
-    t.block_k = kMaxBlockK;
+  // per row (the softmax's row passes, O's rescale), so 256-key tiles, and
+  // 128 under a window, whose band 256-key tiles overshoot (tuning table:
+  // kMaxBlockK).
+  if (pairs && std::max(p.head_dim, p.head_dim_v) <= 128) {
+    t.block_k = windowed(p) ? 128 : kMaxBlockK;
     t.bk_pad = t.block_k;
   }
   t.group = p.heads_q / std::max<int64_t>(p.heads_kv, 1);
