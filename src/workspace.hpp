@@ -1,4 +1,7 @@
-// The per-call workspace: one aligned allocation sized by the TilePlan.
+// The per-call workspace: one aligned allocation sized by the TilePlan. The
+// largest one a call releases (1 to 64 MiB, FLASHGRAD_WORKSPACE_CACHE_MIB;
+// 0 keeps none) is kept for the next call of a similar size, so the process
+// holds up to that much between calls.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@ class Workspace {
 
  private:
   void* data_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 // Sets every element of a 4-D f32 or f64 view to 0.

@@ -118,8 +118,10 @@ TEST(Workspace, LongBf16TrainingStepUnder64MiB) {
 }
 
 // What a call really allocates, seen through operator new: the workspace the
-// query reported, and nothing of size Lq * Lk.
+// query reported, and nothing of size Lq * Lk. The workspace cache is off
+// (FLASHGRAD_WORKSPACE_CACHE_MIB=0), so each call allocates its own.
 TEST(Workspace, CallsAllocateWhatTheQueryReports) {
+  ::setenv("FLASHGRAD_WORKSPACE_CACHE_MIB", "0", 1);
   Case c;
   c.batch = 1;
   c.seqlen_q = 4096;
@@ -152,6 +154,32 @@ TEST(Workspace, CallsAllocateWhatTheQueryReports) {
   EXPECT_GE(fwd_peak, fwd);
   EXPECT_GE(bwd_peak, bwd);
   EXPECT_LT(bwd_peak, c.seqlen_q * c.seqlen_k) << "an allocation the size of the score matrix";
+  ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
+}
+
+// With the cache on (the default), a call reuses the workspace the call
+// before it released: the second of two backward calls allocates none.
+TEST(Workspace, ARepeatedCallReusesTheWorkspace) {
+  ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
+  Case c;
+  c.seqlen_q = c.seqlen_k = 2048;
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = c.head_dim_v = 64;
+  c.num_threads = 2;
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  const int64_t bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  ASSERT_GE(bwd, int64_t{1} << 20) << "too small a workspace to be kept";
+  const Grads g{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt};
+  forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);
+  backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
+  g_live = 0;
+  g_peak = 0;
+  g_tracking = true;
+  backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view, g);
+  g_tracking = false;
+  EXPECT_LT(g_peak, bwd / 2);
 }
 
 }  // namespace

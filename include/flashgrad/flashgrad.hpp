@@ -33,6 +33,9 @@
 //
 // Memory: the library allocates per-thread tiles and O(seqlen) vectors, never
 // anything of size seqlen_q * seqlen_k (workspace_bytes() reports it exactly).
+// The largest workspace of 1 MiB or more that a call frees, up to
+// FLASHGRAD_WORKSPACE_CACHE_MIB (default 64; 0 keeps none), is kept for the
+// next call of a similar size instead of going back to the system.
 // Results are bitwise identical for any num_threads.
 #pragma once
 
