@@ -3,9 +3,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <utility>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "tiling.hpp"
 

@@ -8,6 +8,7 @@
 // and causal itself with plain. Configurations are timed in rounds, one call
 // of each per round, so that a slow spell of the machine falls on all of
 // them alike.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -34,9 +35,9 @@ void window_of(Case& c, int64_t w, bool causal) {
   c.causal = false;  // (w, 0) is the causal window
 }
 
-// B * L stays at the plain configuration's L.
+// B * L stays at the plain configuration's L (at least one sequence).
 void short_rows(Case& c, int64_t l) {
-  c.batch = c.batch * c.seqlen_q / l;
+  c.batch = std::max<int64_t>(1, c.batch * c.seqlen_q / l);
   c.seqlen_q = c.seqlen_k = l;
 }
 
@@ -157,10 +158,23 @@ std::vector<std::string> split_list(const std::string& s) {
 }  // namespace
 
 int run_bench_features(Args& args) {
+  const std::vector<std::string>& t = args.tokens();
+  const bool lengths_given = std::any_of(t.begin(), t.end(), [](const std::string& x) {
+    return x.rfind("--seqlen", 0) == 0;  // --seqlen, --seqlen-q, --seqlen-k, with or without =
+  });
   Case base = case_from_flags(args);
-  if (!args.value("--seqlen")) base.seqlen_q = base.seqlen_k = 2048;
+  if (!lengths_given) base.seqlen_q = base.seqlen_k = 2048;
   const std::vector<std::string> dtypes = split_list(args.value("--dtypes").value_or("f32,bf16"));
-  const std::vector<std::string> dims = split_list(args.value("--dims").value_or("64,128"));
+  const std::vector<std::string> dim_list = split_list(args.value("--dims").value_or("64,128"));
+  for (const std::string& dt : dtypes)
+    if (dt != "f32" && dt != "bf16" && dt != "f16" && dt != "f64")
+      args.fail("--dtypes", "a list of f32, bf16, f16 or f64", dt);
+  std::vector<int64_t> dims;
+  for (const std::string& d : dim_list) {
+    bool ok = false;
+    dims.push_back(parse_int64(d, &ok));
+    if (!ok || dims.back() < 1 || dims.back() > 512) args.fail("--dims", "a list of head dims in [1, 512]", d);
+  }
   const int64_t repeats = args.integer("--repeats", 5, 1);
   const int64_t warmup = args.integer("--warmup", 1, 0);
   const bool json = args.has("--json");
@@ -173,14 +187,10 @@ int run_bench_features(Args& args) {
                 static_cast<long long>(repeats));
   std::string tables;
   for (const std::string& dt : dtypes)
-    for (const std::string& d : dims) {
+    for (const int64_t d : dims) {
       Case plain = base;
-      if (dt != "f32" && dt != "bf16" && dt != "f16" && dt != "f64")
-        args.fail("--dtypes", "a list of f32, bf16, f16 or f64", dt);
       plain.dtype = dt == "bf16" ? DType::bf16 : dt == "f16" ? DType::f16 : dt == "f64" ? DType::f64 : DType::f32;
-      bool ok = false;
-      plain.head_dim = plain.head_dim_v = parse_int64(d, &ok);
-      if (!ok || plain.head_dim < 1 || plain.head_dim > 512) args.fail("--dims", "head dims in [1, 512]", d);
+      plain.head_dim = plain.head_dim_v = d;
       std::vector<Config> cs = build(plain);
       time_rounds(cs, warmup, repeats);
       if (json)
