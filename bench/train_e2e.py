@@ -10,13 +10,15 @@ Models are built from configs written here and randomly initialised (no download
 Llama-style model (6 layers, d_model 512, 8 query heads over 2 K/V heads, head dim 64) and the
 same with Mistral's sliding window (1024 keys). Each (model, context, implementation) trains in
 its own process from the same seed on the same batches (a copy task: the second half of each
-sequence repeats the first, so the loss falls), with AdamW, batch 1, float32 (--dtype bf16: weights, activations and attention
-in bfloat16, as a model cast with .to(torch.bfloat16) trains). After one warm-up
-step it reports tokens per second (the median step), the process's peak resident memory and
-every step's loss, and the time that step spent in attention, forward and backward (the model's
-attention function timed between two autograd nodes): the rest of the step is the same for every
-implementation, so it bounds what any attention can gain (the "with attention free" column). A configuration whose attention would not fit in memory (eager's scores grow
-as L^2) is reported as such instead of run. Writes DIR/train_e2e.json, .md and .png.
+sequence repeats the first, so the loss falls), with AdamW, batch 1, float32 (--dtype bf16:
+weights, activations and attention in bfloat16, as a model cast with .to(torch.bfloat16)
+trains). After one warm-up step it reports tokens per second (the median step), the process's
+peak resident memory, every step's loss, and the time the median step spent in attention,
+forward and backward (the model's attention function timed between two autograd nodes): the
+rest of the step is the same for every implementation, so it bounds what any attention can
+gain (the "with attention free" column). A configuration whose attention would not fit in
+memory (eager's scores grow as L^2) is reported as such instead of run. Writes
+DIR/train_e2e.json, .md and .png.
 """
 from __future__ import annotations
 
