@@ -103,6 +103,14 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
       return;
     }
   }
+  if constexpr (kAmxTiles<Tiles>) {
+    if (at.kind == TileKind::partial) {
+      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.hi, j0, nj);
+      softmax_rows(t, at, s, ahead);
+      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.pv, t.hi, j0);
+      return;
+    }
+  }
   tiles.qk(plan, mq, d, qx, ktx, scale, s);
   softmax_rows(t, at, s, ahead);
   tiles.pv(plan, mq, nj, s, vx, ax, ox, t.pv);
