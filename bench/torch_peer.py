@@ -12,9 +12,12 @@ scaled_dot_product_attention. For every configuration (dtype, d, causal, L, K/V 
    path's error in the same dtype + noise, the noise being the largest of flash-attn's
    rounding noise, one ulp of the largest value and, for dq and dk, the rounding noise of
    dS = P (dP - delta) (docs/design.md); a failing row is marked FAIL;
-2. one timing child per implementation: warm-up, then the median forward and forward +
-   backward over repeats, and the child's peak resident memory above its floor (the floor
-   read after the inputs exist and one call on 16 rows, so both implementations count only
+2. a timing child runs both in rounds, alternating which goes first, after a warm-up call
+   each: the median forward and forward + backward of each, and the median over rounds of
+   torch's time over flashgrad's (the speedup: a ratio from the same round cancels this
+   machine's drift between rounds);
+3. one memory child per implementation: its peak resident memory above its floor over one
+   call (the floor read after the inputs exist and one call on 16 rows, so both count only
    what this configuration allocates).
 
 The same run measures the machine's arithmetic peak (`flashgrad-lab roofline --peak`) and writes
@@ -74,34 +77,65 @@ def _call(torch, fgt, impl, cfg):
     return peer
 
 
-def child_time(cfg) -> dict:
+def _warm(torch, fgt, fn, cfg):
+    """One call on 16 rows: one-time costs (lazy imports, the custom op's first dispatch, thread
+    pools) are the process's, not the configuration's."""
+    (sq, sk, sv), sd = _inputs(torch, dict(cfg, seqlen=16))
+    fn(sq, sk, sv).backward(sd)
+
+
+def _timed_call(fn, q, k, v, dout) -> tuple:
+    """(forward seconds, forward + backward seconds) of one call, gradients cleared first."""
+    for x in (q, k, v):
+        x.grad = None
+    t0 = time.perf_counter()
+    out = fn(q, k, v)
+    t1 = time.perf_counter()
+    out.backward(dout)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t0
+
+
+def child_memory(cfg) -> dict:
+    """One implementation's peak resident memory above its floor over one call (its first: every
+    buffer it allocates is touched there)."""
     torch, fgt = _setup(cfg)
     (q, k, v), dout = _inputs(torch, cfg)
     fn = _call(torch, fgt, cfg["impl"], cfg)
-    # One call on 16 rows first: one-time costs (lazy imports, the custom op's first dispatch,
-    # thread pools) are the process's, not the configuration's.
-    (sq, sk, sv), sd = _inputs(torch, dict(cfg, seqlen=16))
-    fn(sq, sk, sv).backward(sd)
+    _warm(torch, fgt, fn, cfg)
     reset_vmhwm()
     floor = vmhwm()
-    t0 = time.perf_counter()
-    fn(q, k, v).backward(dout)  # warm-up (and the first touch of every buffer)
-    first = time.perf_counter() - t0
-    reps = max(1, min(cfg["max_reps"], math.ceil(cfg["min_time"] / max(first, 1e-6))))
-    fwd, both = [], []
-    for _ in range(reps):
-        for x in (q, k, v):
-            x.grad = None
-        t0 = time.perf_counter()
-        out = fn(q, k, v)
-        t1 = time.perf_counter()
-        out.backward(dout)
-        t2 = time.perf_counter()
-        fwd.append(t1 - t0)
-        both.append(t2 - t0)
-        del out
-    return {"fwd_ms": 1e3 * statistics.median(fwd), "fwd_bwd_ms": 1e3 * statistics.median(both), "reps": reps,
-            "peak_bytes": vmhwm() - floor}
+    fn(q, k, v).backward(dout)
+    return {"peak_bytes": vmhwm() - floor}
+
+
+def child_pair(cfg) -> dict:
+    """Both implementations timed in rounds in one process, alternating which goes first; each
+    round gives torch's time over flashgrad's, and the medians of those ratios cancel the
+    machine's drift between rounds."""
+    torch, fgt = _setup(cfg)
+    (q, k, v), dout = _inputs(torch, cfg)
+    impls = ("flashgrad", "torch")
+    fns = {impl: _call(torch, fgt, impl, cfg) for impl in impls}
+    first = 0.0
+    for impl in impls:
+        try:
+            _warm(torch, fgt, fns[impl], cfg)
+            first += _timed_call(fns[impl], q, k, v, dout)[1]
+        except RuntimeError as e:
+            return {"error": f"{impl}: " + str(e).splitlines()[0]}
+    rounds = max(1, min(cfg["max_reps"], math.ceil(cfg["min_time"] / max(first, 1e-6))))
+    times = {impl: [] for impl in impls}
+    for i in range(rounds):
+        for impl in (impls if i % 2 == 0 else impls[::-1]):
+            times[impl].append(_timed_call(fns[impl], q, k, v, dout))
+    res = {"rounds": rounds}
+    for impl in impls:
+        res[impl] = {"fwd_ms": 1e3 * statistics.median(t[0] for t in times[impl]),
+                     "fwd_bwd_ms": 1e3 * statistics.median(t[1] for t in times[impl])}
+    for j, key in enumerate(("fwd", "fwd_bwd")):
+        res[f"{key}_speedup"] = statistics.median(p[j] / f[j] for f, p in zip(times["flashgrad"], times["torch"]))
+    return res
 
 
 def _reference_group(torch, cfg, q, k, v, dout, dtype, noise_of=None):
@@ -185,6 +219,19 @@ def child_check(cfg) -> dict:
 
 # ---- the parent ---------------------------------------------------------------------------
 
+def _timings(cfg) -> dict:
+    """The row's "flashgrad" and "torch" entries (median ms and peak bytes) and the paired
+    speedups, or an "error" entry for the implementation that failed."""
+    pair = run_child("pair", cfg)
+    res = {}
+    for impl in ("flashgrad", "torch"):
+        mem = run_child("memory", dict(cfg, impl=impl))
+        res[impl] = dict(pair.get(impl, {}), **mem) if "error" not in pair else {"error": pair["error"]}
+    if "error" not in pair:
+        res["speedup"] = {"fwd": pair["fwd_speedup"], "fwd_bwd": pair["fwd_bwd_speedup"], "rounds": pair["rounds"]}
+    return res
+
+
 def run_child(kind, cfg) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, json.dumps(cfg)]
@@ -249,7 +296,7 @@ def main():
                          "did not pass, keeping every timing")
     a = ap.parse_args()
     if a.child:
-        fn = child_time if a.child[0] == "time" else child_check
+        fn = {"pair": child_pair, "memory": child_memory, "check": child_check}[a.child[0]]
         print(json.dumps(fn(json.loads(a.child[1]))))
         return 0
     if a.recheck:
@@ -269,8 +316,7 @@ def main():
     for cfg in configs(a):
         row = dict(cfg)
         row["check"] = run_child("check", cfg)
-        for impl in ("flashgrad", "torch"):
-            row[impl] = run_child("time", dict(cfg, impl=impl))
+        row.update(_timings(cfg))
         rows.append(row)
         print(_line(row), flush=True)
         with open(os.path.join(a.out, "torch_peer.json"), "w") as f:
@@ -307,8 +353,9 @@ def _line(r) -> str:
     if "error" in fg or "error" in pt:
         return f"{name}  flashgrad {fg.get('error', 'ok')} | torch {pt.get('error', 'ok')}"
     ok = "ok" if ck.get("flashgrad", {}).get("ok") else "FAIL"
-    return (f"{name}  fwd {fg['fwd_ms']:8.1f} / {pt['fwd_ms']:8.1f} ms ({pt['fwd_ms'] / fg['fwd_ms']:.2f}x)  "
-            f"fwd+bwd {fg['fwd_bwd_ms']:8.1f} / {pt['fwd_bwd_ms']:8.1f} ms ({pt['fwd_bwd_ms'] / fg['fwd_bwd_ms']:.2f}x)  "
+    sp = r["speedup"]
+    return (f"{name}  fwd {fg['fwd_ms']:8.1f} / {pt['fwd_ms']:8.1f} ms ({sp['fwd']:.2f}x)  "
+            f"fwd+bwd {fg['fwd_bwd_ms']:8.1f} / {pt['fwd_bwd_ms']:8.1f} ms ({sp['fwd_bwd']:.2f}x)  "
             f"mem {fg['peak_bytes'] / 2**20:6.0f} / {pt['peak_bytes'] / 2**20:6.0f} MiB  check {ok}")
 
 

@@ -204,6 +204,18 @@ fg_status fg_merge(DLTensor* o_acc, DLTensor* lse_acc, const DLTensor* o_part, c
   });
 }
 
+fg_status fg_set_thread_runner(fg_thread_runner_fn run, void* ctx, const char* name) {
+  return guarded([&] {
+    flashgrad::ThreadRunner r;
+    r.run = run, r.ctx = ctx, r.name = name && *name ? name : "host";
+    flashgrad::set_thread_runner(r);
+  });
+}
+
+fg_status fg_use_openmp_runtime(const char* library) {
+  return guarded([&] { flashgrad::use_openmp_runtime(library ? library : ""); });
+}
+
 const char* fg_last_error(void) { return g_last_error.c_str(); }
 
 const char* fg_version(void) { return flashgrad::version(); }

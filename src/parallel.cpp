@@ -1,5 +1,6 @@
 #include "parallel.hpp"
 
+#include <dlfcn.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -149,7 +151,80 @@ class Pool {
   std::vector<std::thread> threads_;
 };
 
+// The runner set by set_thread_runner, or null for the own pool. Every runner
+// ever set stays allocated: a call that read one before it was replaced may
+// still be using it.
+struct Runners {
+  std::mutex m;
+  std::vector<std::unique_ptr<ThreadRunner>> all;
+  std::atomic<const ThreadRunner*> current{nullptr};
+};
+Runners& runners() {
+  static Runners* r = new Runners();  // never destroyed, as the pool
+  return *r;
+}
+
+// An OpenMP runtime's entry points, and one call's tasks handed out to its team.
+struct OpenMp {
+  void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;  // GOMP_parallel
+  int (*thread_num)() = nullptr;                                           // omp_get_thread_num
+};
+struct OpenMpJob {
+  const OpenMp* omp;
+  ThreadRunner::Task task;
+  void* task_ctx;
+  int64_t num_tasks;
+  std::atomic<int64_t> next{0};
+};
+void openmp_team_member(void* data) {
+  auto* job = static_cast<OpenMpJob*>(data);
+  const int thread = job->omp->thread_num();
+  for (int64_t t; (t = job->next.fetch_add(1, std::memory_order_relaxed)) < job->num_tasks;)
+    job->task(job->task_ctx, t, thread);
+}
+void run_openmp(void* ctx, int64_t num_tasks, int num_threads, ThreadRunner::Task task, void* task_ctx) {
+  OpenMpJob job{static_cast<const OpenMp*>(ctx), task, task_ctx, num_tasks};
+  job.omp->parallel(openmp_team_member, &job, static_cast<unsigned>(num_threads), 0);
+}
+
 }  // namespace
+
+void set_thread_runner(const ThreadRunner& runner) {
+  Runners& r = runners();
+  const std::lock_guard<std::mutex> lock(r.m);
+  if (!runner.run) {
+    r.current.store(nullptr, std::memory_order_release);
+    return;
+  }
+  r.all.push_back(std::make_unique<ThreadRunner>(runner));
+  r.current.store(r.all.back().get(), std::memory_order_release);
+}
+
+void use_openmp_runtime(const std::string& library) {
+  if (library.empty()) return set_thread_runner(ThreadRunner{});
+  const std::string fn = "flashgrad::use_openmp_runtime: argument 'library': expected ";
+  // Never closed: its threads run flashgrad's tasks from now on.
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) throw Error(fn + "a loadable shared library, got '" + library + "' (" + dlerror() + ")");
+  auto omp = std::make_unique<OpenMp>();
+  omp->parallel = reinterpret_cast<decltype(omp->parallel)>(dlsym(handle, "GOMP_parallel"));
+  omp->thread_num = reinterpret_cast<decltype(omp->thread_num)>(dlsym(handle, "omp_get_thread_num"));
+  if (!omp->parallel || !omp->thread_num)
+    throw Error(fn + "an OpenMP runtime with GOMP_parallel and omp_get_thread_num, got '" + library +
+                "' without " + (omp->parallel ? "omp_get_thread_num" : "GOMP_parallel"));
+  static std::vector<std::unique_ptr<OpenMp>>* kept = new std::vector<std::unique_ptr<OpenMp>>();
+  OpenMp* ctx = omp.get();
+  {
+    const std::lock_guard<std::mutex> lock(runners().m);
+    kept->push_back(std::move(omp));
+  }
+  set_thread_runner(ThreadRunner{run_openmp, ctx, "openmp " + library});
+}
+
+std::string thread_runner_name() {
+  const ThreadRunner* r = runners().current.load(std::memory_order_acquire);
+  return r ? r->name : "flashgrad";
+}
 
 int64_t parse_spin_microseconds(const char* text) {
   constexpr int64_t kDefault = 100, kMax = 1000000;
@@ -183,6 +258,8 @@ void parallel_for(int64_t num_tasks, int num_threads, TaskFn fn, void* ctx) {
     for (int64_t t = 0; t < num_tasks; ++t) fn(ctx, t, 0);
     return;
   }
+  if (const ThreadRunner* r = runners().current.load(std::memory_order_acquire))
+    return r->run(r->ctx, num_tasks, threads, fn, ctx);
   Pool::instance().run(num_tasks, threads, fn, ctx);
 }
 

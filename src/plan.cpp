@@ -35,8 +35,9 @@ std::string Plan::describe() const {
   s << ", block_q " << block_q << ", block_k " << block_k;
   if (splits > 1) s << ", " << splits << " key splits";
   if (key_chunks > 1) s << ", " << key_chunks << " key chunks";
-  s << ", " << threads << (threads == 1 ? " thread" : " threads") << ", workspace " << workspace_bytes
-    << " bytes";
+  s << ", " << threads << (threads == 1 ? " thread" : " threads");
+  if (!thread_runner.empty() && thread_runner != "flashgrad") s << " on " << thread_runner;
+  s << ", workspace " << workspace_bytes << " bytes";
   return s.str();
 }
 
@@ -57,6 +58,7 @@ Plan common(const KernelTable& kt, const AttnParams& p, const TilePlan& t, bool 
   plan.block_q = t.block_q;
   plan.block_k = t.block_k;
   plan.threads = t.threads;
+  plan.thread_runner = thread_runner_name();
   plan.workspace_bytes = t.total_bytes();
   return plan;
 }

@@ -396,6 +396,38 @@ static void test_isa(void) {
   }
 }
 
+/* A host runner that runs the tasks last to first on the caller, as thread
+ * num_threads - 1: the results are the own pool's. */
+static int g_runner_calls = 0;
+static void serial_backwards(void* ctx, int64_t num_tasks, int num_threads, fg_task_fn task, void* task_ctx) {
+  (void)ctx;
+  ++g_runner_calls;
+  for (int64_t t = num_tasks - 1; t >= 0; --t) task(task_ctx, t, num_threads - 1);
+}
+
+static void test_thread_runner(void) {
+  Tensor tq, tk, tv, to, tl;
+  float out2[NO], lse2[NL];
+  int64_t st[4];
+  fg_params p = fg_params_default();
+  p.num_threads = 2;
+  tensor4(&tq, q, B, LQ, HQ, D);
+  tensor4(&tk, k, B, LK, HKV, D);
+  tensor4(&tv, v, B, LK, HKV, DV);
+  tensor4(&to, out2, B, LQ, HQ, DV);
+  tensor_init(&tl, lse2, kDLFloat, 3, (int64_t[]){B, HQ, LQ}, NULL);
+  CHECK(fg_set_thread_runner(serial_backwards, NULL, "serial") == FG_OK);
+  CHECK(fg_forward(&p, &tq.t, &tk.t, &tv.t, &to.t, &tl.t) == FG_OK);
+  CHECK(g_runner_calls > 0);
+  const char* plan = fg_explain(&p, &tq.t, &tk.t, &tv.t, 0);
+  CHECK(plan != NULL && strstr(plan, "threads on serial") != NULL);
+  CHECK(fg_set_thread_runner(NULL, NULL, NULL) == FG_OK);
+  CHECK(close4("out", out2, compact_strides(st, LQ, HQ, DV), ref.out, B, LQ, HQ, DV, 1e-5));
+  CHECK(fg_use_openmp_runtime("/nonexistent/libgomp.so.1") == FG_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(fg_last_error(), "use_openmp_runtime") != NULL && strstr(fg_last_error(), "'library'") != NULL);
+  CHECK(fg_use_openmp_runtime(NULL) == FG_OK);
+}
+
 int main(void) {
   fill(q, NQ);
   fill(k, NK);
@@ -412,6 +444,7 @@ int main(void) {
   test_sinks();
   test_errors();
   test_isa();
+  test_thread_runner();
 
   if (g_failures) {
     fprintf(stderr, "test_c_abi: %d check(s) failed\n", g_failures);

@@ -9,6 +9,7 @@
 // from inside a task) runs all its tasks on the calling thread. So P
 // concurrent callers use at most P + (num_threads - 1) threads, and never
 // wait on each other.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #if FG_TEST_OPENMP
 #include <omp.h>
@@ -225,7 +226,107 @@ TEST(Concurrency, IdleWorkersSpinOnlyAsLongAsTheSetting) {
     EXPECT_GT(idle, 20.0) << "FLASHGRAD_SPIN_US=" << spin;
 }
 
+// A host runner that runs every task on the caller, last to first, as the
+// highest thread index, and counts its calls.
+std::atomic<int> g_host_calls{0};
+void serial_backwards(void*, int64_t num_tasks, int num_threads, ThreadRunner::Task task, void* task_ctx) {
+  ++g_host_calls;
+  for (int64_t t = num_tasks - 1; t >= 0; --t) task(task_ctx, t, num_threads - 1);
+}
+
+// Restores the own pool when a test ends, whichever way it ends.
+struct OwnPoolAfter {
+  ~OwnPoolAfter() { set_thread_runner(ThreadRunner{}); }
+};
+
+// Every worker case's bytes with num_threads 2 on the runner in use, against
+// the serial bytes (computed before the runner was set).
+void runner_cases_bitwise(const std::vector<Problem>& ps, const std::vector<Bytes>& serial) {
+  for (size_t w = 0; w < ps.size(); ++w) {
+    Problem p = ps[w];
+    p.opts.num_threads = 2;
+    EXPECT_EQ(run_bytes(p), serial[w]) << "case " << w << " on " << thread_runner_name();
+  }
+}
+
+TEST(Concurrency, HostRunnerTakesEveryTaskAndKeepsTheBytes) {
+  std::vector<Case> cs = worker_cases(4);
+  std::vector<Problem> ps;
+  std::vector<Bytes> serial;
+  for (Case& c : cs) {
+    c.num_threads = 1;
+    ps.push_back(make_problem(c));
+    serial.push_back(run_bytes(ps.back()));
+  }
+  OwnPoolAfter restore;
+  EXPECT_EQ(thread_runner_name(), "flashgrad");
+  ThreadRunner r;
+  r.run = serial_backwards, r.name = "serial";
+  set_thread_runner(r);
+  EXPECT_EQ(thread_runner_name(), "serial");
+  g_host_calls = 0;
+  runner_cases_bitwise(ps, serial);
+  EXPECT_GT(g_host_calls.load(), 0);
+  Problem p = ps[0];
+  p.opts.num_threads = 2;
+  EXPECT_NE(explain_forward(p.opts, p.q.view, p.k.view, p.v.view).describe().find("2 threads on serial"),
+            std::string::npos);
+  set_thread_runner(ThreadRunner{});
+  EXPECT_EQ(thread_runner_name(), "flashgrad");
+}
+
+TEST(Concurrency, OpenMpRuntimeErrorsNameTheLibrary) {
+  OwnPoolAfter restore;
+  try {
+    use_openmp_runtime("/nonexistent/libgomp.so.1");
+    ADD_FAILURE() << "no error for a missing library";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use_openmp_runtime: argument 'library'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/libgomp.so.1"), std::string::npos) << e.what();
+  }
+  try {
+    use_openmp_runtime("libm.so.6");
+    ADD_FAILURE() << "no error for a library without GOMP_parallel";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without GOMP_parallel"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(thread_runner_name(), "flashgrad");
+}
+
 #if FG_TEST_OPENMP
+// The libgomp this test links: the runtime a host framework would pass.
+std::string linked_openmp_runtime() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&omp_get_thread_num), &info) || !info.dli_fname) return "";
+  return info.dli_fname;
+}
+
+TEST(Concurrency, OpenMpRuntimeRunsCallsBitwise) {
+  const std::string lib = linked_openmp_runtime();
+  if (lib.empty()) GTEST_SKIP() << "dladdr found no OpenMP runtime";
+  std::vector<Case> cs = worker_cases(4);
+  std::vector<Problem> ps;
+  std::vector<Bytes> serial;
+  for (Case& c : cs) {
+    c.num_threads = 1;
+    ps.push_back(make_problem(c));
+    serial.push_back(run_bytes(ps.back()));
+  }
+  OwnPoolAfter restore;
+  use_openmp_runtime(lib);
+  EXPECT_EQ(thread_runner_name(), "openmp " + lib);
+  runner_cases_bitwise(ps, serial);
+  // From inside a team the nested region has one thread: all tasks on the caller.
+  std::atomic<int> mismatches{0};
+#pragma omp parallel for num_threads(2) schedule(static, 1)
+  for (int w = 0; w < 4; ++w) {
+    Problem p = ps[static_cast<size_t>(w)];
+    p.opts.num_threads = 2;
+    mismatches += run_bytes(p) != serial[static_cast<size_t>(w)] ? 1 : 0;
+  }
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
 TEST(Concurrency, CallsInsideOmpParallelRegionAreBitwiseSerial) {
   std::vector<Case> cs = worker_cases(4);
   std::vector<Problem> ps;

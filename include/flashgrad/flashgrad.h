@@ -95,6 +95,22 @@ const char* fg_explain(const fg_params* p, const DLTensor* q, const DLTensor* k,
 fg_status fg_merge(DLTensor* o_acc, DLTensor* lse_acc, const DLTensor* o_part, const DLTensor* lse_part,
                    int num_threads);
 
+/* Where every later call's tasks run (flashgrad::set_thread_runner in
+ * flashgrad.hpp): run(ctx, num_tasks, num_threads, task, task_ctx) calls
+ * task(task_ctx, i, t) once for every i in [0, num_tasks), with t in
+ * [0, num_threads) and no two overlapping calls sharing a t, and returns when
+ * all have returned. run NULL: flashgrad's own pool. name (may be NULL) is
+ * what plans print. Set it between calls, not during one. */
+typedef void (*fg_task_fn)(void* task_ctx, int64_t task, int thread);
+typedef void (*fg_thread_runner_fn)(void* ctx, int64_t num_tasks, int num_threads, fg_task_fn task,
+                                    void* task_ctx);
+fg_status fg_set_thread_runner(fg_thread_runner_fn run, void* ctx, const char* name);
+
+/* Every later call's tasks on the threads of the OpenMP runtime in the shared
+ * library at `library` (flashgrad::use_openmp_runtime); NULL or "": the own
+ * pool. */
+fg_status fg_use_openmp_runtime(const char* library);
+
 /* The last error message of this thread ("" if none). Valid until the next call. */
 const char* fg_last_error(void);
 

@@ -188,9 +188,10 @@ struct Plan {
   int64_t splits = 1;                 ///< forward: key runs merged at the end (split keys)
   int64_t key_chunks = 1;             ///< single-pass backward: key runs per (batch, K/V head)
   int64_t threads = 1;
+  std::string thread_runner;          ///< where the tasks run (thread_runner_name())
   int64_t workspace_bytes = 0;
   std::string kernel;                 ///< e.g. fwd_bf16_avx512bf16_narrow_dot_q16k64
-  std::string describe() const;       ///< one line: kernel, path, tiles, threads, workspace
+  std::string describe() const;       ///< one line: kernel, path, tiles, threads (and their runner), workspace
 };
 // The plans of forward() and backward() with these inputs (throws as they would).
 Plan explain_forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v);
@@ -211,5 +212,34 @@ const char* version();
 // CPU lacks is an error at first use).
 const char* isa_name();
 int max_threads();
+
+// Where a call's tasks run. By default on flashgrad's own pool: the calling
+// thread and persistent workers. A host with threads of its own can take the
+// tasks instead, so that flashgrad's workers never compete with its idle
+// ones for the cores (PyTorch's OpenMP threads spin for milliseconds after
+// each parallel operator).
+//
+// run(ctx, num_tasks, num_threads, task, task_ctx) must call
+// task(task_ctx, i, t) once for every i in [0, num_tasks) and return when all
+// have returned; t is in [0, num_threads), and two calls of task with the same
+// t must not overlap (t indexes per-thread scratch). Results do not depend on
+// which thread runs which task.
+struct ThreadRunner {
+  using Task = void (*)(void* task_ctx, int64_t task, int thread);
+  void (*run)(void* ctx, int64_t num_tasks, int num_threads, Task task, void* task_ctx) = nullptr;
+  void* ctx = nullptr;
+  std::string name;  // what thread_runner_name() reports
+};
+// Runs every later call's tasks on runner (run == nullptr: on flashgrad's own
+// pool again). Set it between calls, not during one.
+void set_thread_runner(const ThreadRunner& runner);
+// Runs every later call's tasks on the threads of the OpenMP runtime in the
+// shared library at `library` (libgomp, or a runtime with its GOMP_parallel
+// entry point, as libiomp5), loading it unless the process already has: pass
+// the runtime the host framework uses. An empty path: flashgrad's own pool.
+// Throws Error if the library or its entry points are missing.
+void use_openmp_runtime(const std::string& library);
+// "flashgrad" for the own pool, else the runner's name ("openmp <path>").
+std::string thread_runner_name();
 
 }  // namespace flashgrad

@@ -22,6 +22,8 @@ from ._core import (
     isa,
     max_threads,
     merge,
+    thread_runner,
+    use_openmp_runtime,
 )
 
 __version__ = "0.1.0"
@@ -36,4 +38,6 @@ __all__ = [
     "merge",
     "isa",
     "max_threads",
+    "thread_runner",
+    "use_openmp_runtime",
 ]

@@ -334,3 +334,16 @@ def isa() -> str:
 def max_threads() -> int:
     """Threads the library uses when num_threads = 0."""
     return _ext.max_threads()
+
+
+def use_openmp_runtime(library: str) -> None:
+    """Runs every later call's tasks on the threads of the OpenMP runtime in the shared library at
+    `library` (the host framework's libgomp; "" goes back to flashgrad's own pool), so that
+    flashgrad's workers do not compete with the host's idle OpenMP threads for the cores.
+    flashgrad.torch does this with PyTorch's runtime at import."""
+    _ext.use_openmp_runtime(str(library))
+
+
+def thread_runner() -> str:
+    """Where calls' tasks run: "flashgrad" (its own pool) or "openmp <library>"."""
+    return _ext.thread_runner()

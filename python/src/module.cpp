@@ -416,6 +416,10 @@ PYBIND11_MODULE(_flashgrad, m) {
     return std::string(name);
   });
   m.def("max_threads", &flashgrad::max_threads);
+  m.def(
+      "use_openmp_runtime", [](const std::string& library) { run([&] { flashgrad::use_openmp_runtime(library); }); },
+      py::arg("library"));
+  m.def("thread_runner", &flashgrad::thread_runner_name);
   m.def("merge", &merge, py::arg("o_acc"), py::arg("lse_acc"), py::arg("o_part"), py::arg("lse_part"),
         py::arg("num_threads"));
   m.def("shard_rows", &shard_rows, py::arg("sharding"), py::arg("seqlen"), py::arg("rank"), py::arg("world"));

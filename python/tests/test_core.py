@@ -1,4 +1,6 @@
 """The array API (flashgrad.forward / backward) on numpy, torch and raw DLPack capsules."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,42 @@ def test_results_do_not_depend_on_threads():
     a = flashgrad.forward(q, k, v, num_threads=1)
     b = flashgrad.forward(q, k, v, num_threads=2)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_tasks_on_torchs_openmp_threads_give_the_own_pools_bytes():
+    import flashgrad.torch  # noqa: F401  (at import it hands the tasks to torch's OpenMP runtime)
+    from flashgrad.torch._threads import torch_openmp_runtime
+
+    library = torch_openmp_runtime(torch)
+    if not library:
+        pytest.skip("this torch loaded no libgomp or libiomp5")
+    assert flashgrad.thread_runner() == f"openmp {library}"
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 300, 4, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 300, 2, 32)).astype(np.float32) for _ in range(2))
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    runs = []
+    try:
+        for runtime in (library, ""):
+            flashgrad.use_openmp_runtime(runtime)
+            out, lse = flashgrad.forward(q, k, v, causal=True, num_threads=2)
+            runs.append((out, lse, *flashgrad.backward(q, k, v, out, lse, dout, causal=True, num_threads=2)[:3]))
+        assert flashgrad.thread_runner() == "flashgrad"
+    finally:
+        flashgrad.use_openmp_runtime(library)
+    assert all(np.array_equal(x, y) for x, y in zip(*runs))
+
+
+def test_openmp_runtime_errors_name_the_library():
+    with pytest.raises(ValueError, match=r"use_openmp_runtime: argument 'library'.*/nonexistent/libgomp"):
+        flashgrad.use_openmp_runtime("/nonexistent/libgomp.so.1")
+
+
+def test_torch_openmp_off_keeps_the_own_pool():
+    import subprocess
+    import sys
+
+    code = "import flashgrad, flashgrad.torch; print(flashgrad.thread_runner())"
+    env = dict(os.environ, FLASHGRAD_TORCH_OPENMP="0")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "flashgrad"

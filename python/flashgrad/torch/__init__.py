@@ -22,6 +22,9 @@ attn_mask= (bool, True = attend) keywords; float64 inputs; any strides.
 On torch >= 2.4 the kernels run as the custom ops torch.ops.flashgrad.attention_forward and
 attention_backward, which torch.compile(fullgraph=True) and torch.export trace; on torch 1.13
 to 2.3 as a torch.autograd.Function. Older torch is refused at import.
+
+The kernels' tasks run on torch's OpenMP threads (flashgrad.thread_runner() says where;
+FLASHGRAD_TORCH_OPENMP=0 keeps flashgrad's own pool).
 """
 import torch as _torch
 
@@ -35,6 +38,7 @@ if _version(_torch.__version__) < (1, 13):
                       f"at {_torch.__file__}")
 
 from ._autograd import FlashAttention, get_num_threads, set_num_threads  # noqa: E402
+from ._threads import use_torch_openmp as _use_torch_openmp  # noqa: E402
 from ._flash_attn import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -45,6 +49,8 @@ from ._flash_attn import (
 )
 from ._ring import ring_attn_func  # noqa: E402
 from ._sdpa import scaled_dot_product_attention  # noqa: E402
+
+_use_torch_openmp(_torch)
 
 if hasattr(_torch.nn.functional, "scaled_dot_product_attention"):
     from ._route import route_sdpa, unsupported_reason  # noqa: E402, F401
