@@ -65,36 +65,38 @@ struct AmxTiles : Bf16DotTiles {
     scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
   }
 
-  // qk and pv for a tile the ranges cut, as Bf16DotTiles' (keys_seen): each
-  // block of 32 rows takes the products only up to the last key one of its
-  // rows sees. A score's sum runs over the head dimension alone, so S keeps
-  // its bits; P V drops chunks of P that are all 0.
+  // qk and pv for a tile the ranges cut, as Bf16DotTiles' (keys_first,
+  // keys_seen), on blocks of 32 rows. A score's sum runs over the head
+  // dimension alone, so S keeps its bits; P V drops chunks of P that are all
+  // 0, whose products added +-0 to the sums.
   void qk_cut(const TilePlan& plan, int64_t mq, int64_t, const float* q, const float* kt, float scale, float* s,
-              const int64_t* hi, int64_t j0, int64_t nj) const {
+              const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj) const {
     const int64_t lds = plan.bk_pad, ldq = plan.dqk_pad / 2;
     for (int64_t i = 0; i < mq; i += 32) {
       const int64_t rows = std::min<int64_t>(32, mq - i), n = round_up(keys_seen(hi, i, i + rows, j0, nj), 32);
-      if (n == 0) continue;
-      gemm_amx(rows, n, ldq, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
-               reinterpret_cast<const uint32_t*>(kt), lds, s + i * lds, lds);
+      const int64_t f = std::min(n, keys_first(lo, hi, i, i + rows, j0, nj));
+      if (n == f) continue;
+      gemm_amx(rows, n - f, ldq, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
+               reinterpret_cast<const uint32_t*>(kt) + f, lds, s + i * lds + f, lds);
       if (!q_scaled)
         for (int64_t r = i; r < i + rows; ++r)
-          for (int64_t x = 0; x < n; ++x) s[r * lds + x] *= scale;
+          for (int64_t x = f; x < n; ++x) s[r * lds + x] *= scale;
     }
   }
   void pv_cut(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
-              float* pv, const int64_t* hi, int64_t j0) const {
+              float* pv, const int64_t* lo, const int64_t* hi, int64_t j0) const {
     const int64_t lds = plan.bk_pad, ldo = plan.dv_pad;
     for (int64_t i = 0; i < mq; i += 32) {
       const int64_t rows = std::min<int64_t>(32, mq - i), seen = keys_seen(hi, i, i + rows, j0, nj);
       const int64_t kp = round_up((seen + 1) / 2, int64_t{16});
-      if (kp == 0) {
+      const int64_t f = std::min(kp, keys_first(lo, hi, i, i + rows, j0, nj) / 2);
+      if (kp == f) {
         std::fill(pv + i * ldo, pv + (i + rows) * ldo, 0.0f);
         continue;
       }
       for (int64_t r = i; r < i + rows; ++r) round_bf16_pairs(s + r * lds, 2 * kp);
-      gemm_amx(rows, ldo, kp, reinterpret_cast<const uint32_t*>(s + i * lds), lds,
-               reinterpret_cast<const uint32_t*>(v), ldo, pv + i * ldo, ldo);
+      gemm_amx(rows, ldo, kp - f, reinterpret_cast<const uint32_t*>(s + i * lds) + f, lds,
+               reinterpret_cast<const uint32_t*>(v) + f * ldo, ldo, pv + i * ldo, ldo);
     }
     scale_add(mq, ldo, alpha, pv, o, ldo);
   }

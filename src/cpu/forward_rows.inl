@@ -97,17 +97,17 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, t.k_hi - j0);
   if constexpr (kDotTiles<Tiles>) {
     if (at.kind == TileKind::partial) {
-      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.hi, j0, nj);
+      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
       softmax_rows(t, at, s, ahead);
-      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.hi, j0);
+      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.lo, t.hi, j0);
       return;
     }
   }
   if constexpr (kAmxTiles<Tiles>) {
     if (at.kind == TileKind::partial) {
-      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.hi, j0, nj);
+      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
       softmax_rows(t, at, s, ahead);
-      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.pv, t.hi, j0);
+      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.pv, t.lo, t.hi, j0);
       return;
     }
   }

@@ -168,32 +168,43 @@ struct Bf16DotTiles {
               reinterpret_cast<const uint32_t*>(kt), plan.bk_pad, s, plan.bk_pad, scale);
   }
   // qk and pv for a tile the ranges cut: each block of kPairMr rows takes
-  // the products only up to the last key one of its rows sees (hi: each
-  // row's last visible key), since the softmax reads no score past it and
-  // leaves P zero there. A causal diagonal tile then costs about half.
+  // the products only over the keys its rows see, from the first key one of
+  // them sees (rounded down to 32) to the last (lo, hi: each row's first and
+  // last visible key), since the softmax sets every score outside a row's
+  // range to -inf without reading it and leaves P zero there. A causal
+  // diagonal tile then costs about half, and a window's left edge likewise.
   static int64_t keys_seen(const int64_t* hi, int64_t r0, int64_t r1, int64_t j0, int64_t nj) {
     int64_t n = 0;
     for (int64_t r = r0; r < r1; ++r) n = std::max(n, std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj));
     return n;
   }
+  static int64_t keys_first(const int64_t* lo, const int64_t* hi, int64_t r0, int64_t r1, int64_t j0, int64_t nj) {
+    int64_t f = nj;
+    for (int64_t r = r0; r < r1; ++r)
+      if (lo[r] <= hi[r] && hi[r] >= j0) f = std::min(f, std::clamp<int64_t>(lo[r] - j0, 0, nj));
+    return f / 32 * 32;
+  }
   static void qk_cut(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
-                     float* s, const int64_t* hi, int64_t j0, int64_t nj) {
+                     float* s, const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj) {
     const int64_t ldq = plan.dqk_pad / 2, lds = plan.bk_pad;
     for (int64_t i = 0; i < mq; i += kPairMr) {
       const int64_t rows = std::min(kPairMr, mq - i);
       const int64_t n = round_up(keys_seen(hi, i, i + rows, j0, nj), 32);
-      gemm_bf16(rows, n, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
-                reinterpret_cast<const uint32_t*>(kt), lds, s + i * lds, lds, scale);
+      const int64_t f = std::min(n, keys_first(lo, hi, i, i + rows, j0, nj));
+      gemm_bf16(rows, n - f, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
+                reinterpret_cast<const uint32_t*>(kt) + f, lds, s + i * lds + f, lds, scale);
     }
   }
   static void pv_cut(const TilePlan& plan, int64_t mq, int64_t nj, const float* s, const float* v,
-                     const float* alpha, float* o, const int64_t* hi, int64_t j0) {
+                     const float* alpha, float* o, const int64_t* lo, const int64_t* hi, int64_t j0) {
     const int64_t lds = plan.bk_pad, ldo = plan.dv_pad;
     for (int64_t i = 0; i < mq; i += kPairMr) {
       const int64_t rows = std::min(kPairMr, mq - i);
       const int64_t kp = (keys_seen(hi, i, i + rows, j0, nj) + 1) / 2;
-      gemm_bf16_epi<PairEpi::rescale>(rows, ldo, kp, reinterpret_cast<const uint32_t*>(s + i * lds), lds,
-                                      reinterpret_cast<const uint32_t*>(v), ldo, o + i * ldo, ldo, 1.0f, alpha + i);
+      const int64_t f = std::min(kp, keys_first(lo, hi, i, i + rows, j0, nj) / 2);
+      gemm_bf16_epi<PairEpi::rescale>(rows, ldo, kp - f, reinterpret_cast<const uint32_t*>(s + i * lds) + f, lds,
+                                      reinterpret_cast<const uint32_t*>(v) + f * ldo, ldo, o + i * ldo, ldo, 1.0f,
+                                      alpha + i);
     }
   }
   // P in s as pairs (the softmax rounds it); its padding columns (nj and
