@@ -1,6 +1,12 @@
 // The AMX path: the forward's tile products on AMX-BF16 tiles (AmxTiles).
 // Included by forward.inl, in order.
 
+// Rows [i, i + rows) of a tile, which its ranges cut or not.
+struct RowBlock {
+  int64_t i, rows;
+  bool cut;
+};
+
 #if FG_AMX
 // bf16 storage on AMX-BF16 tiles (kernels_amx.cpp): Bf16DotTiles' layouts,
 // both products on TDPBF16PS, whose sums differ from the f32 tiles' by
@@ -46,59 +52,44 @@ struct AmxTiles : Bf16DotTiles {
   void scale_q(const AttnParams& p, int64_t rows, int64_t ld, float* q) const {
     if (scale_on_q(p)) scale_pairs(reinterpret_cast<uint32_t*>(q), rows * ld, static_cast<float>(p.scale));
   }
-  void qk(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
-          float* s) const {
-    (void)d;
-    const int64_t lds = plan.bk_pad;
-    gemm_amx(mq, lds, plan.dqk_pad / 2, reinterpret_cast<const uint32_t*>(q), plan.dqk_pad / 2,
-             reinterpret_cast<const uint32_t*>(kt), lds, s, lds);
-    if (!q_scaled)
-      for (int64_t x = 0; x < mq * lds; ++x) s[x] *= scale;
-  }
-  // P's columns from nj on are exp(-inf) = 0.
-  void pv(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
-          float* pv) const {
-    const int64_t lds = plan.bk_pad;
-    for (int64_t r = 0; r < mq; ++r) round_bf16_pairs(s + r * lds, lds);
-    gemm_amx(mq, plan.dv_pad, round_up((nj + 1) / 2, int64_t{16}), reinterpret_cast<const uint32_t*>(s), lds,
-             reinterpret_cast<const uint32_t*>(v), plan.dv_pad, pv, plan.dv_pad);
-    scale_add(mq, plan.dv_pad, alpha, pv, o, plan.dv_pad);
-  }
-
-  // qk and pv for a tile the ranges cut, as Bf16DotTiles' (keys_first,
-  // keys_seen), on blocks of 32 rows. A score's sum runs over the head
+  // S = Q K^T and P V for the block of rows rb (at most 32) of a tile, S's
+  // and P V's rows from the first of s and pv. On a tile the ranges cut
+  // (rb.cut) the products run only over the keys the block's rows see, as
+  // Bf16DotTiles' (keys_first, keys_seen). A score's sum runs over the head
   // dimension alone, so S keeps its bits; P V drops chunks of P that are all
   // 0, whose products added +-0 to the sums.
-  void qk_cut(const TilePlan& plan, int64_t mq, int64_t, const float* q, const float* kt, float scale, float* s,
-              const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj) const {
-    const int64_t lds = plan.bk_pad, ldq = plan.dqk_pad / 2;
-    for (int64_t i = 0; i < mq; i += 32) {
-      const int64_t rows = std::min<int64_t>(32, mq - i), n = round_up(keys_seen(hi, i, i + rows, j0, nj), 32);
-      const int64_t f = std::min(n, keys_first(lo, hi, i, i + rows, j0, nj));
-      if (n == f) continue;
-      gemm_amx(rows, n - f, ldq, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
-               reinterpret_cast<const uint32_t*>(kt) + f, lds, s + i * lds + f, lds);
-      if (!q_scaled)
-        for (int64_t r = i; r < i + rows; ++r)
-          for (int64_t x = f; x < n; ++x) s[r * lds + x] *= scale;
-    }
+  struct KeySpan {
+    int64_t first, end;  // keys [first, end) of the tile, multiples of 32
+  };
+  static KeySpan span(const RowBlock& rb, const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj, int64_t lds) {
+    if (!rb.cut) return {0, lds};
+    const int64_t end = round_up(keys_seen(hi, rb.i, rb.i + rb.rows, j0, nj), 32);
+    return {std::min(end, keys_first(lo, hi, rb.i, rb.i + rb.rows, j0, nj)), end};
   }
-  void pv_cut(const TilePlan& plan, int64_t mq, int64_t nj, float* s, const float* v, const float* alpha, float* o,
-              float* pv, const int64_t* lo, const int64_t* hi, int64_t j0) const {
+  void qk_rows(const TilePlan& plan, const RowBlock& rb, const float* q, const float* kt, float scale, float* s,
+               const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj) const {
+    const int64_t lds = plan.bk_pad, ldq = plan.dqk_pad / 2;
+    const KeySpan k = span(rb, lo, hi, j0, nj, lds);
+    if (k.end == k.first) return;
+    gemm_amx(rb.rows, k.end - k.first, ldq, reinterpret_cast<const uint32_t*>(q + rb.i * ldq), ldq,
+             reinterpret_cast<const uint32_t*>(kt) + k.first, lds, s + k.first, lds);
+    if (!q_scaled)
+      for (int64_t r = 0; r < rb.rows; ++r)
+        for (int64_t x = k.first; x < k.end; ++x) s[r * lds + x] *= scale;
+  }
+  // P's columns from nj on are exp(-inf) = 0.
+  void pv_rows(const TilePlan& plan, const RowBlock& rb, int64_t nj, float* s, const float* v, float* pv,
+               const int64_t* lo, const int64_t* hi, int64_t j0) const {
     const int64_t lds = plan.bk_pad, ldo = plan.dv_pad;
-    for (int64_t i = 0; i < mq; i += 32) {
-      const int64_t rows = std::min<int64_t>(32, mq - i), seen = keys_seen(hi, i, i + rows, j0, nj);
-      const int64_t kp = round_up((seen + 1) / 2, int64_t{16});
-      const int64_t f = std::min(kp, keys_first(lo, hi, i, i + rows, j0, nj) / 2);
-      if (kp == f) {
-        std::fill(pv + i * ldo, pv + (i + rows) * ldo, 0.0f);
-        continue;
-      }
-      for (int64_t r = i; r < i + rows; ++r) round_bf16_pairs(s + r * lds, 2 * kp);
-      gemm_amx(rows, ldo, kp - f, reinterpret_cast<const uint32_t*>(s + i * lds) + f, lds,
-               reinterpret_cast<const uint32_t*>(v) + f * ldo, ldo, pv + i * ldo, ldo);
+    const KeySpan k = span(rb, lo, hi, j0, nj, lds);
+    const int64_t kp = round_up((std::min(k.end, nj) + 1) / 2, int64_t{16}), f = std::min(kp, k.first / 2);
+    if (kp == f) {
+      std::fill(pv, pv + rb.rows * ldo, 0.0f);
+      return;
     }
-    scale_add(mq, ldo, alpha, pv, o, ldo);
+    for (int64_t r = 0; r < rb.rows; ++r) round_bf16_pairs(s + r * lds, 2 * kp);
+    gemm_amx(rb.rows, ldo, kp - f, reinterpret_cast<const uint32_t*>(s) + f, lds,
+             reinterpret_cast<const uint32_t*>(v) + f * ldo, ldo, pv, ldo);
   }
 
   // Narrow tiles of 3 to 32 stacked query rows keys-major (forward_amx_narrow.inl).

@@ -2,13 +2,15 @@
 // the Tiles policy's products, with the online softmax along S's rows.
 // Included by forward.inl, in order.
 
-// The softmax step on the S rows of K/V head at.x in sx ([mq, lds]):
-// scores of keys at.j0.. (at.nj) into P, m, l and alpha updated; next:
-// rows to ask L2 for, a share per row. Rows in blocks of kLanes: each
-// block's maxima first (into alpha), then their alphas in one vector step
+// The softmax step on the S rows [rb, re) of K/V head at.x, row r at
+// sx + (r - rb) * lds (all mq rows by default): scores of keys at.j0..
+// (at.nj) into P, m, l and alpha updated; next: rows to ask L2 for, a share
+// per row. Rows in blocks of kLanes (rb a multiple of it): each block's
+// maxima first (into alpha), then their alphas in one vector step
 // (step_maxima), then their exps, while the block's S rows are still in L1.
 template <typename T, typename Acc, typename Tiles>
-void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, const NextTile& next) {
+void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, const NextTile& next, int64_t rb = 0,
+                  int64_t re = -1) {
   const AttnParams& p = t.p;
   const int64_t j0 = at.j0, nj = at.nj, x = at.x, b = t.b, d = t.d;
   const int64_t mq = t.mq, mqh = t.mqh, i0 = t.i0, lds = t.lds, ms = t.ms, group = t.plan.group;
@@ -23,11 +25,13 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
     return kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad))
                                      : lds;
   };
-  for (int64_t r0 = 0; r0 < mq; r0 += kLanes) {
-    const int64_t r1 = std::min(mq, r0 + kLanes);
+  if (re < 0) re = mq;
+  FG_DASSERT(rb % kLanes == 0 && re <= mq);
+  for (int64_t r0 = rb; r0 < re; r0 += kLanes) {
+    const int64_t r1 = std::min(re, r0 + kLanes);
     for (int64_t r = r0; r < r1; ++r) {
       const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * group + r / mqh)];
-      Acc* srow = sx + r * lds;
+      Acc* srow = sx + (r - rb) * lds;
       const int64_t wr = width(r), nr = std::min(nj, wr);
       c.logits_row(i0 + r % mqh, j0, nr, lo[r], hi[r], kind == TileKind::partial, srow, nullptr);
       for (int64_t jj = nr; jj < wr; ++jj) srow[jj] = neg_inf<Acc>();
@@ -37,7 +41,7 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
     for (int64_t r = r0; r < r1; ++r) {
       const HeadCtx<Acc>& c = ctx[static_cast<size_t>(x * group + r / mqh)];
       const int64_t i = i0 + r % mqh;
-      Acc* srow = sx + r * lds;
+      Acc* srow = sx + (r - rb) * lds;
       const int64_t wr = width(r);
       const Acc mref = mx_[r] == neg_inf<Acc>() ? Acc(0) : mx_[r];
 #if FG_BF16_DOT
@@ -95,25 +99,31 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   else
     load(t.kt, t.v);
   if constexpr (std::is_same<Tiles, AccTiles<T, Acc>>::value) tiles.set_ahead(p, t.k_hi - j0);
-  if constexpr (kDotTiles<Tiles>) {
-    if (at.kind == TileKind::partial) {
-      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
-      softmax_rows(t, at, s, ahead);
-      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.lo, t.hi, j0);
-      return;
-    }
-  }
   if constexpr (kAmxTiles<Tiles>) {
-    if (at.kind == TileKind::partial) {
-      tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
-      softmax_rows(t, at, s, ahead);
-      tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.pv, t.lo, t.hi, j0);
-      return;
+    // A block of 32 rows at a time, its S and P V in the first 32 rows of s
+    // and pv, where they stay in L1: the tile's whole S (128-256 KiB) would
+    // be written to L2 and read back from it.
+    const int64_t ldo = plan.dv_pad;
+    for (int64_t i = 0; i < mq; i += 32) {
+      const RowBlock rb{i, std::min<int64_t>(32, mq - i), at.kind == TileKind::partial};
+      tiles.qk_rows(plan, rb, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
+      softmax_rows(t, at, s, ahead, rb.i, rb.i + rb.rows);
+      tiles.pv_rows(plan, rb, nj, s, vx, t.pv, t.lo, t.hi, j0);
+      scale_add(rb.rows, ldo, ax + rb.i, t.pv, ox + rb.i * ldo, ldo);
     }
+  } else {
+    if constexpr (kDotTiles<Tiles>) {
+      if (at.kind == TileKind::partial) {
+        tiles.qk_cut(plan, mq, d, qx, ktx, scale, s, t.lo, t.hi, j0, nj);
+        softmax_rows(t, at, s, ahead);
+        tiles.pv_cut(plan, mq, nj, s, vx, ax, ox, t.lo, t.hi, j0);
+        return;
+      }
+    }
+    tiles.qk(plan, mq, d, qx, ktx, scale, s);
+    softmax_rows(t, at, s, ahead);
+    tiles.pv(plan, mq, nj, s, vx, ax, ox, t.pv);
   }
-  tiles.qk(plan, mq, d, qx, ktx, scale, s);
-  softmax_rows(t, at, s, ahead);
-  tiles.pv(plan, mq, nj, s, vx, ax, ox, t.pv);
 }
 
 // The row paths' task: every tile on the row path.
