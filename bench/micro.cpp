@@ -268,8 +268,8 @@ struct KernelCall {
                       CallTensors{&p.q.view, &p.k.view, &p.v.view, &out.out.view, &out.lse.view, &p.dout.view,
                                   &grads});
     fwd.num_threads = bwd.num_threads = resolve_threads(c.num_threads);
-    fwd_plan = plan_forward(fwd, pair_products(kernels().isa, fwd));
-    bwd_plan = plan_backward(bwd, pair_products(kernels().isa, bwd));
+    fwd_plan = plan_forward(fwd, pair_engine(kernels().isa, fwd));
+    bwd_plan = plan_backward(bwd, pair_engine(kernels().isa, bwd));
     const int64_t bytes = round_up(std::max(fwd_plan.total_bytes(), bwd_plan.total_bytes()), kAlign);
     workspace.reset(::operator new(static_cast<size_t>(bytes), std::align_val_t(kAlign)));
   }

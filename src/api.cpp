@@ -89,7 +89,7 @@ void forward(const Options& opts, const TensorView& q, const TensorView& k, cons
   AttnParams p = make_params("forward", CallKind::forward, opts, t);
   resolve(p);
   const KernelTable& kt = kernels();
-  const TilePlan plan = plan_forward(p, pair_products(kt.isa, p));
+  const TilePlan plan = plan_forward(p, pair_engine(kt.isa, p));
   Workspace ws("forward", plan.total_bytes());
   kt.forward(p, plan, ws.data());
 }
@@ -101,7 +101,7 @@ void backward(const Options& opts, const TensorView& q, const TensorView& k, con
   AttnParams p = make_params("backward", CallKind::backward, opts, t);
   resolve(p);
   const KernelTable& kt = kernels();
-  const TilePlan plan = plan_backward(p, pair_products(kt.isa, p));
+  const TilePlan plan = plan_backward(p, pair_engine(kt.isa, p));
   Workspace ws("backward", plan.total_bytes());
   if (p.dbias.data) zero_strided(*grads.dbias);
   kt.backward(p, plan, ws.data());
@@ -112,7 +112,7 @@ int64_t forward_workspace_bytes(const Options& opts, const TensorView& q, const 
   CallTensors t{&q, &k, &v};
   AttnParams p = make_params("forward_workspace_bytes", CallKind::workspace, opts, t);
   resolve(p);
-  return plan_forward(p, pair_products(kernels().isa, p)).total_bytes();
+  return plan_forward(p, pair_engine(kernels().isa, p)).total_bytes();
 }
 
 int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const TensorView& k,
@@ -120,7 +120,7 @@ int64_t backward_workspace_bytes(const Options& opts, const TensorView& q, const
   CallTensors t{&q, &k, &v};
   AttnParams p = make_params("backward_workspace_bytes", CallKind::workspace, opts, t);
   resolve(p);
-  return plan_backward(p, pair_products(kernels().isa, p)).total_bytes();
+  return plan_backward(p, pair_engine(kernels().isa, p)).total_bytes();
 }
 
 void dropout_keep_mask(const Options& opts, int64_t batch, int64_t heads_q, int64_t seqlen_q,

@@ -70,6 +70,10 @@ class ScopedIsa {
 inline bool pair_products(Isa isa, const AttnParams& p) {
   return (isa == Isa::amx && amx_call(p)) || (isa == Isa::avx512bf16 && dot_call(p));
 }
+inline PairEngine pair_engine(Isa isa, const AttnParams& p) {
+  if (!pair_products(isa, p)) return PairEngine::none;
+  return isa == Isa::amx ? PairEngine::amx : PairEngine::dot;
+}
 
 namespace cpu {
 namespace scalar { extern const KernelTable table; }

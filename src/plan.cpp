@@ -82,7 +82,7 @@ AttnParams params_of(const char* fn, const Options& opts, const TensorView& q, c
 Plan explain_forward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v) {
   const AttnParams p = params_of("explain_forward", opts, q, k, v);
   const KernelTable& kt = kernels();
-  const TilePlan t = plan_forward(p, pair_products(kt.isa, p));
+  const TilePlan t = plan_forward(p, pair_engine(kt.isa, p));
   Plan plan = common(kt, p, t, false);
   const ForwardChoice c = kt.forward_path(p, t);
   plan.forward_path = c.path;
@@ -95,7 +95,7 @@ Plan explain_forward(const Options& opts, const TensorView& q, const TensorView&
 Plan explain_backward(const Options& opts, const TensorView& q, const TensorView& k, const TensorView& v) {
   const AttnParams p = params_of("explain_backward", opts, q, k, v);
   const KernelTable& kt = kernels();
-  const TilePlan t = plan_backward(p, pair_products(kt.isa, p));
+  const TilePlan t = plan_backward(p, pair_engine(kt.isa, p));
   Plan plan = common(kt, p, t, true);
   plan.backward_path = t.fused ? BackwardPath::single_pass : BackwardPath::two_pass;
   plan.key_chunks = t.fused ? t.key_chunks : 1;

@@ -70,7 +70,8 @@ int64_t split_length(const AttnParams& p) {
 
 bool split_keys(const AttnParams& p) { return split_length(p) < p.seqlen_k; }
 
-TilePlan plan_forward(const AttnParams& p, bool pairs) {
+TilePlan plan_forward(const AttnParams& p, PairEngine engine) {
+  const bool pairs = engine != PairEngine::none;
   TilePlan t;
   choose_blocks(p, t);
   // The forward keeps no per-key state, so a taller query tile halves the
@@ -151,7 +152,8 @@ TilePlan plan_forward(const AttnParams& p, bool pairs) {
   return t;
 }
 
-TilePlan plan_backward(const AttnParams& p, bool pairs) {
+TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
+  const bool pairs = engine != PairEngine::none;
   TilePlan t;
   choose_blocks(p, t);
   // Wider key tiles cut the Q and dO loads per FLOP of the dK/dV walk: 256
@@ -162,6 +164,12 @@ TilePlan plan_backward(const AttnParams& p, bool pairs) {
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
     t.block_k = windowed(p) || pair_keys128 ? 128 : 256;
     t.bk_pad = t.block_k;
+    // AMX's dK/dV products load and store their accumulator tiles once
+    // per query block: 128 rows halve that (tuning table: backward block_q).
+    if (engine == PairEngine::amx) {
+      t.block_q = 128;
+      t.bq_pad = round_up(t.block_q, kPad);
+    }
   }
   Carver c{t.acc_bytes};
   auto& g = t.bwd;

@@ -147,10 +147,12 @@ inline bool dot_call(const AttnParams& p) {
   const bool contiguous = p.k.seq_stride == p.head_dim && p.v.seq_stride == p.head_dim_v;
   return rows >= 32 || (rows >= 8 && (split_keys(p) || contiguous));
 }
-// pairs: the call runs on bf16 pair products (pair_products in
-// dispatch.hpp): the forward takes wider key tiles, the backward's pair
-// buffers are laid out only then.
-TilePlan plan_forward(const AttnParams& p, bool pairs);
-TilePlan plan_backward(const AttnParams& p, bool pairs);
+// What runs the call's bf16 pair products (pair_engine in dispatch.hpp),
+// if anything: with pairs the forward takes wider key tiles and the
+// backward's pair buffers are laid out; AMX's backward takes taller query
+// tiles.
+enum class PairEngine { none, dot, amx };
+TilePlan plan_forward(const AttnParams& p, PairEngine engine);
+TilePlan plan_backward(const AttnParams& p, PairEngine engine);
 
 }  // namespace flashgrad

@@ -607,7 +607,7 @@ void forward_with(const KernelTable& table, const Problem& p, Outputs& o) {
   AttnParams prm = make_params("test_kernels", CallKind::forward, p.opts,
                                CallTensors{&p.q.view, &p.k.view, &p.v.view, &o.out.view, &o.lse.view});
   prm.num_threads = resolve_threads(prm.num_threads);
-  const TilePlan plan = plan_forward(prm, pair_products(table.isa, prm));
+  const TilePlan plan = plan_forward(prm, pair_engine(table.isa, prm));
   std::vector<double> ws(static_cast<size_t>(plan.total_bytes() / 8 + 8));  // 8-byte aligned
   void* base = ws.data();
   size_t space = ws.size() * 8;

@@ -174,7 +174,8 @@ void run_overhead(Sweep& s) {
     AttnParams params = make_params("sweep", bwd ? CallKind::backward : CallKind::forward, p.opts, bwd ? bwd_t : fwd_t);
     params.num_threads = resolve_threads(params.num_threads);
     const Isa isa = kernels().isa;
-    const TilePlan plan = bwd ? plan_backward(params, pair_products(isa, params)) : plan_forward(params, pair_products(isa, params));
+    const PairEngine engine = pair_engine(isa, params);
+    const TilePlan plan = bwd ? plan_backward(params, engine) : plan_forward(params, engine);
     Workspace ws("sweep", plan.total_bytes());
     auto api = [&](const Options& opts) {
       return [&, opts] {
