@@ -1,6 +1,7 @@
 #include "tiling.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 
 namespace flashgrad {
@@ -152,6 +153,30 @@ TilePlan plan_forward(const AttnParams& p, PairEngine engine) {
   return t;
 }
 
+namespace {
+
+// Where the single pass keeps its dQ sums (DqSums, tiling.hpp): in the
+// workspace while a thread's take at most kDqSumsInWorkspaceMiB, where
+// they stay in L2; dq's own rows, a head's rows strided among the others'
+// in [batch, seq, heads, dim], cost more (tuning table: dq sums). f32 and
+// f64 storage have gradients of their own dtype; bf16 storage may have f32
+// ones, which then take the split form's workspace, so that
+// backward_workspace_bytes, which sees no dq, reports what a call takes.
+// FLASHGRAD_DQ_SUMS_WORKSPACE_MIB sets that size (0: out of the workspace
+// at every size, but for f16's).
+constexpr int64_t kDqSumsInWorkspaceMiB = 2;
+
+DqSums dq_sums(const AttnParams& p, int64_t sums_bytes) {
+  const char* env = std::getenv("FLASHGRAD_DQ_SUMS_WORKSPACE_MIB");
+  const int64_t mib = env && *env ? std::strtoll(env, nullptr, 10) : kDqSumsInWorkspaceMiB;
+  if (mib > 0 && sums_bytes <= (std::min<int64_t>(mib, int64_t{1} << 40) << 20)) return DqSums::workspace;
+  if (p.dtype == DType::f32 || p.dtype == DType::f64) return DqSums::in_dq;
+  if (p.dtype == DType::bf16) return p.grad_dtype == DType::f32 ? DqSums::in_dq : DqSums::split_dq;
+  return DqSums::workspace;
+}
+
+}  // namespace
+
 TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   const bool pairs = engine != PairEngine::none;
   TilePlan t;
@@ -218,7 +243,12 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   }
   t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
                                                    (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
-  if (t.fused && t.key_chunks == 1) g.dq_acc = c.take(dq_elems);
+  if (t.fused && t.key_chunks == 1) {
+    t.dq_sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
+    if (t.dq_sums == DqSums::workspace) g.dq_acc = c.take(dq_elems);
+    else if (p.dtype == DType::bf16) g.dq_acc = c.take(ceil_div(dq_elems * 2, t.acc_bytes));
+    if (t.dq_sums != DqSums::workspace) g.dq_stage = c.take(bq * t.dqk_pad);
+  }
   // Held q and dO pairs pay from 4 key blocks on (tuning table:
   // kHeldQueryBytes).
   if (t.fused && pairs && ceil_div(nkb, t.key_chunks) >= 4) {

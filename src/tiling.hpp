@@ -62,7 +62,11 @@ struct BackwardScratch {
   // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
   int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // pair-product plans only
-  int64_t dq_acc = 0;  // fused only: [heads_q / heads_kv, seqlen_q, dqk_pad]
+  // Fused only: dq_acc, the group's dQ sums [heads_q / heads_kv, seqlen_q,
+  // dqk_pad] (DqSums::workspace) or, with bf16 storage, their lower halves
+  // as uint16 (split_dq); dq_stage, a query block's sums [block_q, dqk_pad]
+  // (in_dq and split_dq).
+  int64_t dq_acc = 0, dq_stage = 0;
   // Fused pair products only: the query blocks' q and dO pairs in both
   // layouts (PairBackward::load_q), kept across the task's key blocks:
   // held_slots slots of held_slot elements, slot g * nqb + i holding block i
@@ -90,6 +94,16 @@ int64_t split_length(const AttnParams& p);
 // of its run).
 bool split_keys(const AttnParams& p);
 
+// Where the single pass keeps its dQ sums (backward_dq_sums.inl): per
+// thread in the workspace, group * seqlen_q * head_dim * 4 bytes (f16
+// gradients); in dq itself where dq holds the accumulation type (f32, f64);
+// or, for bf16 dq, split: dq holds each f32 sum's upper 16 bits (the sum
+// truncated to bf16) and the workspace the lower 16. All hold the same
+// sums, so results are bitwise the same; the last two keep the workspace
+// from growing with the group's whole dQ. dq rows that are strided or
+// padded pass through dq_stage, one query block at a time.
+enum class DqSums { workspace, in_dq, split_dq };
+
 struct TilePlan {
   // Forward: a tile stacks head_rows query rows of each of the `group` query
   // heads that share one K/V head (block_q = group * head_rows rows), so each
@@ -111,6 +125,7 @@ struct TilePlan {
   int threads = 1;
   bool fused = false;     ///< backward: single pass (backward.inl)
   int64_t key_chunks = 1; ///< backward, single pass: key runs per (batch, K/V head), dQ partials in the shared region
+  DqSums dq_sums = DqSums::workspace;  ///< backward, single pass with one key run
   ForwardScratch fwd{};
   BackwardScratch bwd{};
   int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned

@@ -13,11 +13,13 @@ namespace flashgrad {
 namespace {
 
 // The largest workspace of kCacheMinBytes to kCacheMaxMiB that a call
-// released, kept for the next call that needs between a half of its size
-// and all of it. glibc maps an allocation above its mmap threshold (at
-// most 32 MiB) afresh and unmaps it when freed, so every call page-faulted
-// such a workspace again: an MQA backward's 39 MB took 6,000 faults a call
-// (tuning table: workspace cache).
+// released, kept for the next call that needs at most its size. glibc maps
+// an allocation above its mmap threshold (at most 32 MiB) afresh and unmaps
+// it when freed, so every call page-faulted such a workspace again: an MQA
+// backward's 39 MB took 6,000 faults a call (tuning table: workspace
+// cache). A call that needs more frees the kept one before it allocates,
+// so that the process never holds both: a training step's peak stays its
+// largest workspace, as without the cache.
 constexpr int64_t kCacheMinBytes = int64_t{1} << 20;
 constexpr int64_t kCacheMaxMiB = 64;
 
@@ -49,10 +51,14 @@ Workspace::Workspace(const char* fn, int64_t bytes) {
   if (!over && bytes >= kCacheMinBytes / 2 && cache_max_bytes() > 0) {
     Cache& c = cache();
     const std::lock_guard<std::mutex> lock(c.m);
-    if (c.data && c.bytes >= bytes && c.bytes / 2 <= bytes) {
+    if (c.data && c.bytes >= bytes) {
       data_ = c.data, bytes_ = c.bytes;
       c.data = nullptr, c.bytes = 0;
       return;
+    }
+    if (c.data) {
+      release(c.data);
+      c.data = nullptr, c.bytes = 0;
     }
   }
   if (!over) data_ = ::operator new(static_cast<size_t>(bytes), std::align_val_t(kAlign), std::nothrow);

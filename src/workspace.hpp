@@ -1,7 +1,8 @@
 // The per-call workspace: one aligned allocation sized by the TilePlan. The
 // largest one a call releases (1 to 64 MiB, FLASHGRAD_WORKSPACE_CACHE_MIB;
-// 0 keeps none) is kept for the next call of a similar size, so the process
-// holds up to that much between calls.
+// 0 keeps none) is kept for the next call that fits in it, so the process
+// holds up to that much between calls; a call that needs more frees it
+// first, so a call's peak is its own workspace.
 #pragma once
 
 #include <cstdint>

@@ -93,6 +93,31 @@ TEST(Determinism, VarlenF16) {
   expect_deterministic(c);
 }
 
+// The single pass keeps its dQ sums in the workspace, in dq itself (f32,
+// f64; rows that are strided or padded pass through a staging block) or
+// split between bf16 dq and the workspace (TilePlan::dq_sums); here, with
+// FLASHGRAD_DQ_SUMS_WORKSPACE_MIB=0, out of the workspace but for f16. With
+// B * H_kv = 8 tasks, 1 and 2 threads take the single pass, 3 the two-pass
+// backward, whose dQ sums are its own: the bits must agree. d = 64 in the
+// bshd layout adds into dq where it lies; the padded layout's dq is
+// strided.
+TEST(Determinism, DqSumsInEveryForm) {
+  Case c = multi_block();
+  c.heads_q = 8;
+  c.heads_kv = 4;
+  c.head_dim = 64;
+  for (const char* mib : {"0", "2"}) {
+    ::setenv("FLASHGRAD_DQ_SUMS_WORKSPACE_MIB", mib, 1);
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16})
+      for (Layout layout : {Layout::bshd, Layout::padded}) {
+        c.dtype = dtype;
+        c.layout = layout;
+        expect_deterministic(c);
+      }
+  }
+  ::unsetenv("FLASHGRAD_DQ_SUMS_WORKSPACE_MIB");
+}
+
 // On bf16 pair products the forward keeps K/V tiles per thread across a
 // head's query blocks (PairTileCache) where each thread takes at least two
 // blocks, and the single-pass backward keeps q and dO blocks across its key

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dispatch.hpp"
@@ -114,6 +115,27 @@ TEST(Plan, BackwardTakesOnePassUntilItsDqAccumulatorsOutgrowTheirCap) {
   v = views(s);
   const flashgrad::Plan two = flashgrad::explain_backward(o, v.q, v.k, v.v);
   EXPECT_EQ(two.backward_path, flashgrad::BackwardPath::two_pass) << two.describe();
+}
+
+TEST(Plan, SinglePassSaysWhereItKeepsItsDqSums) {
+  flashgrad::Options o;
+  o.num_threads = 2;
+  // 4 query heads per K/V head: 4 MiB of f32 sums per thread, past the
+  // 2 MiB kept in the workspace; 1 MiB with 8 K/V heads.
+  const std::tuple<flashgrad::DType, int64_t, const char*> expect[] = {{flashgrad::DType::f32, 2, "dq"},
+                                                                       {bf16, 2, "split dq"},
+                                                                       {flashgrad::DType::f16, 2, "workspace"},
+                                                                       {bf16, 8, "workspace"}};
+  for (const auto& [dtype, heads_kv, where] : expect) {
+    Shape s;
+    s.dtype = dtype;
+    s.heads_kv = heads_kv;
+    const Views v = views(s);
+    const flashgrad::Plan plan = flashgrad::explain_backward(o, v.q, v.k, v.v);
+    ASSERT_EQ(plan.backward_path, flashgrad::BackwardPath::single_pass) << plan.describe();
+    EXPECT_STREQ(plan.dq_sums, where) << plan.describe();
+    EXPECT_NE(plan.describe().find(std::string("dQ sums in ") + where), std::string::npos) << plan.describe();
+  }
 }
 
 TEST(Plan, ExplainRejectsWhatTheCallRejects) {

@@ -182,5 +182,35 @@ TEST(Workspace, ARepeatedCallReusesTheWorkspace) {
   EXPECT_LT(g_peak, bwd / 2);
 }
 
+// A call that needs more than the kept workspace frees it before it
+// allocates: a backward after a forward holds the backward's workspace
+// only, not the forward's beside it.
+TEST(Workspace, ALargerCallFreesTheKeptWorkspaceFirst) {
+  ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
+  Case c;
+  c.seqlen_q = c.seqlen_k = 2048;
+  c.heads_q = 8;
+  c.heads_kv = 2;
+  c.head_dim = c.head_dim_v = 128;
+  c.num_threads = 2;
+  Problem p = make_problem(c);
+  Outputs o = make_outputs(p, false);
+  const int64_t fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  const int64_t bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
+  ASSERT_GE(fwd, int64_t{1} << 20) << "too small a forward workspace to be kept";
+  ASSERT_GT(bwd, fwd);
+  ::setenv("FLASHGRAD_WORKSPACE_CACHE_MIB", "0", 1);
+  forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);  // drops what was kept
+  ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
+  forward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view);  // keeps its workspace
+  g_live = fwd;
+  g_peak = fwd;
+  g_tracking = true;
+  backward(p.opts, p.q.view, p.k.view, p.v.view, o.out.view, o.lse.view, p.dout.view,
+           Grads{o.dq.view, o.dk.view, o.dv.view, std::nullopt, std::nullopt});
+  g_tracking = false;
+  EXPECT_LE(g_peak, bwd + (64 << 10)) << "forward " << fwd << " bytes, backward " << bwd;
+}
+
 }  // namespace
 }  // namespace flashgrad::testing

@@ -187,6 +187,11 @@ struct Plan {
   int64_t block_q = 0, block_k = 0;   ///< query rows and keys per tile
   int64_t splits = 1;                 ///< forward: key runs merged at the end (split keys)
   int64_t key_chunks = 1;             ///< single-pass backward: key runs per (batch, K/V head)
+  // Single-pass backward with one key run: where its f32 dQ sums are kept,
+  // "workspace", "dq" (in dq itself, f32 and f64) or "split dq" (bf16: dq
+  // holds each sum's upper half, the workspace its lower); the same bits
+  // in each, less workspace in the last two.
+  const char* dq_sums = "";
   int64_t threads = 1;
   std::string thread_runner;          ///< where the tasks run (thread_runner_name())
   int64_t workspace_bytes = 0;

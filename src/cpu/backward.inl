@@ -16,6 +16,7 @@
 // the shapes alone, since those sums round differently from the two forms'.
 
 #include "backward_step.inl"
+#include "backward_dq_sums.inl"
 
 // sum_c o[c] g[c] over n elements (strides os, gs), in Acc. Contiguous f32
 // rows sum in kLanes lanes with FMAs, then across the lanes: the scalar
@@ -119,11 +120,11 @@ void store_key_block(const AttnParams& p, const TilePlan& plan, const KeyBlock<A
   }
 }
 
-// dq_acc, when given (the single pass), receives dS K for every query row of
-// the group: [group, seqlen_q, dqk_pad], rows of head hk * group + g at g.
+// dq_sums, when given (the single pass), receives dS K for every query row
+// of the group.
 template <typename T, typename Acc, typename Bwd>
 void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
-                   const Acc* delta_all, Slice<Acc> ws, Bwd& bwd, Acc* dq_acc = nullptr) {
+                   const Acc* delta_all, Slice<Acc> ws, Bwd& bwd, GroupDq<Acc>* dq_sums = nullptr) {
   const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
   if (j0 >= lk) return;
   const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
@@ -134,13 +135,13 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
                          ws.at(L.k),  ws.at(L.acc_a), ws.at(L.acc_b), ws.at(L.tmp)};
   const StepTiles<Acc> step = kb.step();
   Acc *s = kb.s, *dp = kb.dp, *dk = kb.dk, *dv = kb.dv, *tmp = kb.tmp, *k = kb.k;
-  load_key_block<T>(p, plan, kb, bwd, dq_acc != nullptr);
+  load_key_block<T>(p, plan, kb, bwd, dq_sums != nullptr);
 
   const int64_t group = p.heads_q / p.heads_kv;
   // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
   const auto slot_of = [&](int64_t hq, int64_t iq) {
     const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
-    return dq_acc && x < L.held_slots ? x : int64_t{-1};
+    return dq_sums && x < L.held_slots ? x : int64_t{-1};
   };
   uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -171,18 +172,21 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       }
       const KeySpan ks = seen_keys(qb, j0, nj, kind);
       tile_grad(p, plan, ctx, qb, bwd, step, ks, nullptr);
-      Acc* dq_rows = dq_acc ? dq_acc + ((h - hk * group) * p.seqlen_q + i0) * ldq : nullptr;
       if constexpr (Bwd::kPairs) {
-        const int64_t lds = round_up(ks.w, kPad);
-        bwd.dk_dv(plan, qb, ks.a, lds, s, dp, dk, dv);
-        if (dq_rows) bwd.dq(plan, qb, ks.a, lds, dp, k, dq_rows, ldq);
-        continue;
+        bwd.dk_dv(plan, qb, ks.a, round_up(ks.w, kPad), s, dp, dk, dv);
+      } else {  // dV += P^T dO, dK += dS^T Q over the seen keys' rows
+        gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
+        gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
       }
-      // dV += P^T dO, dK += dS^T Q over the seen keys' rows
-      gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
-      gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
-      if (dq_rows)  // dQ += dS K
-        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq, dq_rows, ldq, nullptr, tmp);
+      if (!dq_sums) continue;
+      const int64_t g = h - hk * group;
+      int64_t ld = 0;
+      Acc* dq_rows = dq_sums->open(g, i0, qb.mq, &ld);
+      if constexpr (Bwd::kPairs)
+        bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, k, dq_rows, ld);
+      else  // dQ += dS K
+        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq, dq_rows, ld, nullptr, tmp);
+      dq_sums->close(g, i0, qb.mq);
     }
   }
   store_key_block<T, Acc, Bwd>(p, plan, kb);
@@ -270,26 +274,20 @@ std::vector<int64_t> run_bounds(const AttnParams& p, const TilePlan& plan) {
 }
 
 // The single pass: one task per (batch, K/V head) walks its key blocks in
-// order and keeps the group's dQ in its own f32 accumulator, so every output
+// order and keeps the group's dQ sums (GroupDq) to itself, so every output
 // has one owner and one summation order, whatever the thread count. With
 // key runs (part: the run's dQ partial [group, seqlen_q, dqk_pad]) it walks
 // key blocks [kb0, kb1) into part, which dq_from_runs then sums and stores.
 template <typename T, typename Acc, typename Bwd>
 void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, const Acc* delta_all,
                     Slice<Acc> ws, Bwd& bwd, int64_t kb0 = 0, int64_t kb1 = -1, Acc* part = nullptr) {
-  const int64_t group = p.heads_q / p.heads_kv, ldq = plan.dqk_pad;
-  Acc* dq_acc = part ? part : ws.at(plan.bwd.dq_acc);
-  for (int64_t x = 0; x < group * p.seqlen_q * ldq; ++x) dq_acc[x] = Acc(0);
+  GroupDq<Acc> dq(p, plan, b, hk, ws, part);
+  dq.zero();
   std::memset(ws.at(plan.bwd.held_ready), 0, static_cast<size_t>(plan.bwd.held_slots));
   const int64_t k_end = kb1 < 0 ? ceil_div(p.len_k(b), plan.block_k) : kb1;
   for (int64_t kblk = kb0; kblk < k_end; ++kblk)
-    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, dq_acc);
-  if (part) return;
-  const int64_t q0 = p.q_start(b);
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t i = 0; i < p.len_q(b); ++i)
-      store_result<T>(p.grad_dtype, dq_acc + (g * p.seqlen_q + i) * ldq, p.head_dim, p.dq.data,
-                      row_offset(p.dq, b, q0 + i, hk * group + g), p.dq.dim_stride, static_cast<Acc>(p.scale));
+    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, &dq);
+  if (!part) dq.template finish<T>();
 }
 
 // dQ rows [i0, i1) of (b, h): the key runs' partials ([runs, batch, heads_q,

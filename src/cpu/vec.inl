@@ -26,14 +26,14 @@ inline void scale_add(int64_t rows, int64_t n, const Acc* row_scale, const Acc* 
 // C[m, 0..n) = C * row_scale[r] + A B (row_scale null: C + A B), the
 // product summed on its own before it meets C (blocked summation: running
 // sums over every key or query row lose accuracy, docs/performance.md).
-// tmp [m, ldc] is scratch for the paths that stage the product. (row_scale
+// tmp [m, n] is scratch for the paths that stage the product. (row_scale
 // takes no part in deducing Acc, so that nullptr can stand for it.)
 template <typename Acc>
 inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const Acc* a, int64_t a_rs, int64_t a_cs,
                         const Acc* b, int64_t ldb, Acc* c, int64_t ldc,
                         const typename std::remove_reference<Acc&>::type* row_scale, Acc* tmp) {
-  gemm_nn(m, n, k, a, a_rs, a_cs, b, ldb, tmp, ldc);
-  scale_add(m, n, row_scale, tmp, c, ldc);
+  gemm_nn(m, n, k, a, a_rs, a_cs, b, ldb, tmp, n);
+  for (int64_t r = 0; r < m; ++r) scale_add(1, n, row_scale ? row_scale + r : nullptr, tmp + r * n, c + r * ldc, n);
 }
 #if FG_VEC_GEMM
 inline void gemm_nn_acc(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
