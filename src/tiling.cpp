@@ -100,6 +100,12 @@ TilePlan plan_forward(const AttnParams& p, PairEngine engine) {
     t.splits = ceil_div(p.seqlen_k, t.split_k);
     t.kv_heads = p.heads_kv;
   }
+  // Pair products and the softmax run a tile's whole width: no wider than
+  // a task's keys (tuning table: short key runs).
+  if (pairs) {
+    t.block_k = std::min(t.block_k, round_up(t.split_k, kPad));
+    t.bk_pad = t.block_k;
+  }
   Carver c{t.acc_bytes};
   auto& f = t.fwd;
   const int64_t rows = t.kv_heads * t.block_q;  // q, o and row state for every head of a task
