@@ -202,6 +202,10 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
       t.bq_pad = round_up(t.block_q, kPad);
     }
   }
+  // Key tiles are laid out and zeroed over their whole width: no wider than
+  // the keys (tuning table: short key runs).
+  t.block_k = std::min(t.block_k, round_up(std::max<int64_t>(p.seqlen_k, 1), kPad));
+  t.bk_pad = round_up(t.block_k, kPad);
   Carver c{t.acc_bytes};
   auto& g = t.bwd;
   const int64_t bq = t.block_q, bk = t.block_k;
@@ -229,8 +233,9 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     g.pairs = c.take(bq_pairs * t.bk_ld);
   }
   // Single pass when every thread gets whole (batch, K/V head) tasks and the
-  // threads' dQ accumulators stay within kFusedBytes; dbias needs the dQ
-  // pass's ownership of its rows (tuning table: kFusedBytes).
+  // workspace the threads' dQ sums take (DqSums: f32, 2 bytes a sum or
+  // none) stays within kFusedBytes; dbias needs the dQ pass's ownership of
+  // its rows (tuning table: kFusedBytes).
   constexpr int64_t kFusedBytes = int64_t{48} << 20;
   const int64_t tasks = p.batch * p.heads_kv;
   const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
@@ -247,10 +252,14 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     const int64_t most = std::min({kRuns, nkb, kFusedBytes / std::max<int64_t>(part_bytes, 1)});
     while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
   }
-  t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul({dq_elems, t.acc_bytes, t.threads}) <= kFusedBytes &&
+  const DqSums sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
+  const int64_t sums_bytes = sums == DqSums::workspace ? sat_mul(dq_elems, t.acc_bytes)
+                             : p.dtype == DType::bf16 ? sat_mul(dq_elems, 2)
+                                                      : 0;
+  t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul(sums_bytes, t.threads) <= kFusedBytes &&
                                                    (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
   if (t.fused && t.key_chunks == 1) {
-    t.dq_sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
+    t.dq_sums = sums;
     if (t.dq_sums == DqSums::workspace) g.dq_acc = c.take(dq_elems);
     else if (p.dtype == DType::bf16) g.dq_acc = c.take(ceil_div(dq_elems * 2, t.acc_bytes));
     if (t.dq_sums != DqSums::workspace) g.dq_stage = c.take(bq * t.dqk_pad);

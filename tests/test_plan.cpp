@@ -102,7 +102,7 @@ TEST(Plan, WorkspaceIsWhatTheCallAllocates) {
             flashgrad::backward_workspace_bytes(o, v.q, v.k, v.v));
 }
 
-TEST(Plan, BackwardTakesOnePassUntilItsDqAccumulatorsOutgrowTheirCap) {
+TEST(Plan, BackwardTakesOnePassUntilItsDqSumsOutgrowTheirCap) {
   Shape s;
   flashgrad::Options o;
   o.num_threads = 2;
@@ -110,11 +110,16 @@ TEST(Plan, BackwardTakesOnePassUntilItsDqAccumulatorsOutgrowTheirCap) {
   const flashgrad::Plan one = flashgrad::explain_backward(o, v.q, v.k, v.v);
   EXPECT_EQ(one.backward_path, flashgrad::BackwardPath::single_pass) << one.describe();
   EXPECT_EQ(one.kernel.rfind("bwd_f32_", 0), 0u) << one.kernel;
-  s.seqlen_q = s.seqlen_k = 16384;  // 8 query heads per K/V head: 2 x 8 x 16384 x 128 f32 accumulators
+  s.seqlen_q = s.seqlen_k = 16384;  // 8 query heads per K/V head: 2 x 8 x 16384 x 128 f32 sums
   s.heads_q = 64;
+  s.dtype = flashgrad::DType::f16;  // whose sums stay in the workspace
   v = views(s);
   const flashgrad::Plan two = flashgrad::explain_backward(o, v.q, v.k, v.v);
   EXPECT_EQ(two.backward_path, flashgrad::BackwardPath::two_pass) << two.describe();
+  s.dtype = flashgrad::DType::f32;  // whose sums dq holds
+  v = views(s);
+  const flashgrad::Plan in_dq = flashgrad::explain_backward(o, v.q, v.k, v.v);
+  EXPECT_EQ(in_dq.backward_path, flashgrad::BackwardPath::single_pass) << in_dq.describe();
 }
 
 TEST(Plan, SinglePassSaysWhereItKeepsItsDqSums) {
