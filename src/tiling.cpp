@@ -233,9 +233,9 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     g.pairs = c.take(bq_pairs * t.bk_ld);
   }
   // Single pass when every thread gets whole (batch, K/V head) tasks and the
-  // workspace the threads' dQ sums take (DqSums: f32, 2 bytes a sum or
-  // none) stays within kFusedBytes; dbias needs the dQ pass's ownership of
-  // its rows (tuning table: kFusedBytes).
+  // threads' f32 dQ sums stay within kFusedBytes, unless dq holds them;
+  // dbias needs the dQ pass's ownership of its rows (tuning table:
+  // kFusedBytes).
   constexpr int64_t kFusedBytes = int64_t{48} << 20;
   const int64_t tasks = p.batch * p.heads_kv;
   const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
@@ -253,9 +253,7 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
   }
   const DqSums sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
-  const int64_t sums_bytes = sums == DqSums::workspace ? sat_mul(dq_elems, t.acc_bytes)
-                             : p.dtype == DType::bf16 ? sat_mul(dq_elems, 2)
-                                                      : 0;
+  const int64_t sums_bytes = sums == DqSums::in_dq ? 0 : sat_mul(dq_elems, t.acc_bytes);
   t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul(sums_bytes, t.threads) <= kFusedBytes &&
                                                    (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
   if (t.fused && t.key_chunks == 1) {
