@@ -253,7 +253,9 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
   }
   const DqSums sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
-  const int64_t sums_bytes = sums == DqSums::in_dq ? 0 : sat_mul(dq_elems, t.acc_bytes);
+  // bf16 storage counts its sums whatever dq's dtype, as the workspace query sees no dq.
+  const bool dq_holds = sums == DqSums::in_dq && p.dtype != DType::bf16;
+  const int64_t sums_bytes = dq_holds ? 0 : sat_mul(dq_elems, t.acc_bytes);
   t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul(sums_bytes, t.threads) <= kFusedBytes &&
                                                    (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
   if (t.fused && t.key_chunks == 1) {

@@ -239,6 +239,22 @@ struct OwnPoolAfter {
   ~OwnPoolAfter() { set_thread_runner(ThreadRunner{}); }
 };
 
+// The worker cases and their bytes on one thread, computed before a test
+// sets a runner.
+struct SerialCases {
+  std::vector<Problem> problems;
+  std::vector<Bytes> bytes;
+};
+SerialCases serial_cases() {
+  SerialCases sc;
+  for (Case& c : worker_cases(4)) {
+    c.num_threads = 1;
+    sc.problems.push_back(make_problem(c));
+    sc.bytes.push_back(run_bytes(sc.problems.back()));
+  }
+  return sc;
+}
+
 // Every worker case's bytes with num_threads 2 on the runner in use, against
 // the serial bytes (computed before the runner was set).
 void runner_cases_bitwise(const std::vector<Problem>& ps, const std::vector<Bytes>& serial) {
@@ -250,14 +266,9 @@ void runner_cases_bitwise(const std::vector<Problem>& ps, const std::vector<Byte
 }
 
 TEST(Concurrency, HostRunnerTakesEveryTaskAndKeepsTheBytes) {
-  std::vector<Case> cs = worker_cases(4);
-  std::vector<Problem> ps;
-  std::vector<Bytes> serial;
-  for (Case& c : cs) {
-    c.num_threads = 1;
-    ps.push_back(make_problem(c));
-    serial.push_back(run_bytes(ps.back()));
-  }
+  const SerialCases sc = serial_cases();
+  const std::vector<Problem>& ps = sc.problems;
+  const std::vector<Bytes>& serial = sc.bytes;
   OwnPoolAfter restore;
   EXPECT_EQ(thread_runner_name(), "flashgrad");
   ThreadRunner r;
@@ -304,14 +315,9 @@ std::string linked_openmp_runtime() {
 TEST(Concurrency, OpenMpRuntimeRunsCallsBitwise) {
   const std::string lib = linked_openmp_runtime();
   if (lib.empty()) GTEST_SKIP() << "dladdr found no OpenMP runtime";
-  std::vector<Case> cs = worker_cases(4);
-  std::vector<Problem> ps;
-  std::vector<Bytes> serial;
-  for (Case& c : cs) {
-    c.num_threads = 1;
-    ps.push_back(make_problem(c));
-    serial.push_back(run_bytes(ps.back()));
-  }
+  const SerialCases sc = serial_cases();
+  const std::vector<Problem>& ps = sc.problems;
+  const std::vector<Bytes>& serial = sc.bytes;
   OwnPoolAfter restore;
   use_openmp_runtime(lib);
   EXPECT_EQ(thread_runner_name(), "openmp " + lib);
@@ -328,14 +334,9 @@ TEST(Concurrency, OpenMpRuntimeRunsCallsBitwise) {
 }
 
 TEST(Concurrency, CallsInsideOmpParallelRegionAreBitwiseSerial) {
-  std::vector<Case> cs = worker_cases(4);
-  std::vector<Problem> ps;
-  std::vector<Bytes> serial;
-  for (Case& c : cs) {
-    c.num_threads = 1;
-    ps.push_back(make_problem(c));
-    serial.push_back(run_bytes(ps.back()));
-  }
+  const SerialCases sc = serial_cases();
+  const std::vector<Problem>& ps = sc.problems;
+  const std::vector<Bytes>& serial = sc.bytes;
   // Every iteration adds to mismatches, so that its read-modify-writes order
   // each iteration's work before the load below for ThreadSanitizer too: the
   // team's join is libgomp's, which is not instrumented, and TSan took the

@@ -157,17 +157,22 @@ TEST(Workspace, CallsAllocateWhatTheQueryReports) {
   ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
 }
 
+// B = 1, L = 2048, 8 query heads over heads_kv, head dim d, 2 threads.
+Case two_threads_l2048(int64_t heads_kv, int64_t d) {
+  Case c;
+  c.seqlen_q = c.seqlen_k = 2048;
+  c.heads_q = 8;
+  c.heads_kv = heads_kv;
+  c.head_dim = c.head_dim_v = d;
+  c.num_threads = 2;
+  return c;
+}
+
 // With the cache on (the default), a call reuses the workspace the call
 // before it released: the second of two backward calls allocates none.
 TEST(Workspace, ARepeatedCallReusesTheWorkspace) {
   ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
-  Case c;
-  c.seqlen_q = c.seqlen_k = 2048;
-  c.heads_q = 8;
-  c.heads_kv = 1;
-  c.head_dim = c.head_dim_v = 64;
-  c.num_threads = 2;
-  Problem p = make_problem(c);
+  Problem p = make_problem(two_threads_l2048(1, 64));
   Outputs o = make_outputs(p, false);
   const int64_t bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
   ASSERT_GE(bwd, int64_t{1} << 20) << "too small a workspace to be kept";
@@ -187,13 +192,7 @@ TEST(Workspace, ARepeatedCallReusesTheWorkspace) {
 // only, not the forward's beside it.
 TEST(Workspace, ALargerCallFreesTheKeptWorkspaceFirst) {
   ::unsetenv("FLASHGRAD_WORKSPACE_CACHE_MIB");
-  Case c;
-  c.seqlen_q = c.seqlen_k = 2048;
-  c.heads_q = 8;
-  c.heads_kv = 2;
-  c.head_dim = c.head_dim_v = 128;
-  c.num_threads = 2;
-  Problem p = make_problem(c);
+  Problem p = make_problem(two_threads_l2048(2, 128));
   Outputs o = make_outputs(p, false);
   const int64_t fwd = forward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
   const int64_t bwd = backward_workspace_bytes(p.opts, p.q.view, p.k.view, p.v.view);
