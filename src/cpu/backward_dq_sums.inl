@@ -33,7 +33,6 @@ inline void join_sums(const uint16_t* hi, int64_t hi_stride, const uint16_t* lo,
 template <typename Acc>
 struct GroupDq {
   const AttnParams& p;
-  const TilePlan& plan;
   int64_t b, hk, group, ldq;
   DqSums where;
   bool direct;  ///< in_dq with rows the tile products can add into where they lie
@@ -43,7 +42,7 @@ struct GroupDq {
   // The group's sums in `part` (a key run's partial, always the workspace
   // form) or where the plan keeps them.
   GroupDq(const AttnParams& p_, const TilePlan& plan_, int64_t b_, int64_t hk_, Slice<Acc> ws, Acc* part)
-      : p(p_), plan(plan_), b(b_), hk(hk_), group(p_.heads_q / p_.heads_kv), ldq(plan_.dqk_pad),
+      : p(p_), b(b_), hk(hk_), group(p_.heads_q / p_.heads_kv), ldq(plan_.dqk_pad),
         where(part ? DqSums::workspace : plan_.dq_sums),
         direct(where == DqSums::in_dq && p_.dq.dim_stride == 1 && p_.head_dim == ldq),
         sums(part ? part : ws.at(plan_.bwd.dq_acc)), stage(ws.at(plan_.bwd.dq_stage)) {}
