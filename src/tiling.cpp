@@ -41,6 +41,22 @@ void choose_blocks(const AttnParams& p, TilePlan& t) {
 // smaller tiles below. (A causal diagonal cuts only the tiles on it.)
 bool windowed(const AttnParams& p) { return p.window_left >= 0 || p.window_right >= 0; }
 
+// The most keys a query row sees under the causal mask and the window.
+int64_t band_keys(const AttnParams& p) {
+  const int64_t lk = p.seqlen_k;
+  const int64_t left = p.window_left >= 0 ? std::min(p.window_left, lk) : lk;
+  const int64_t right = p.causal ? 0 : p.window_right >= 0 ? std::min(p.window_right, lk) : lk;
+  return std::min(lk, left + right + 1);
+}
+// A band of at most this many keys cuts most of the backward's query
+// blocks, whose products run over every key some row of the block sees:
+// blocks of 32 rows then compute fewer masked pairs than blocks of 64
+// (tuning table: backward block_q).
+constexpr int64_t kNarrowBandKeys = 320;
+bool narrow_band(const AttnParams& p) {
+  return (p.causal || windowed(p)) && band_keys(p) <= kNarrowBandKeys;
+}
+
 // Lays out consecutive buffers, each rounded to kAlign bytes. Sizes saturate
 // at kHuge (absurd shapes in a workspace query), which no allocation meets.
 struct Carver {
@@ -201,6 +217,10 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
       t.block_q = 128;
       t.bq_pad = round_up(t.block_q, kPad);
     }
+  }
+  if (engine != PairEngine::amx && narrow_band(p)) {
+    t.block_q = std::min<int64_t>(t.block_q, 32);
+    t.bq_pad = round_up(t.block_q, kPad);
   }
   // Key tiles are laid out and zeroed over their whole width: no wider than
   // the keys (tuning table: short key runs).

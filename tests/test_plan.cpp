@@ -143,6 +143,29 @@ TEST(Plan, SinglePassSaysWhereItKeepsItsDqSums) {
   }
 }
 
+TEST(Plan, NarrowBandsTakeBackwardQueryBlocksOf32Rows) {
+  // (causal, window left, window right, seqlen, rows per block on every ISA but amx)
+  const std::tuple<bool, int64_t, int64_t, int64_t, int64_t> expect[] = {
+      {true, -1, -1, 128, 32}, {true, -1, -1, 256, 32},  {true, -1, -1, 512, 64},
+      {false, 256, 0, 2048, 32}, {false, 256, 256, 2048, 64}, {false, -1, -1, 128, 64}};
+  for (Isa isa : flashgrad::supported_isas()) {
+    if (isa == Isa::amx) continue;  // its backward takes 128 rows (tuning table)
+    const flashgrad::ScopedIsa on(isa);
+    for (const auto& [causal, left, right, seqlen, rows] : expect) {
+      Shape s;
+      s.seqlen_q = s.seqlen_k = seqlen;
+      const Views v = views(s);
+      flashgrad::Options o;
+      o.num_threads = 2;
+      o.causal = causal;
+      o.window_left = left;
+      o.window_right = right;
+      const flashgrad::Plan plan = flashgrad::explain_backward(o, v.q, v.k, v.v);
+      EXPECT_EQ(plan.block_q, rows) << flashgrad::isa_to_string(isa) << ": " << plan.describe();
+    }
+  }
+}
+
 TEST(Plan, ExplainRejectsWhatTheCallRejects) {
   Shape s;
   s.heads_q = 3;  // not a multiple of heads_kv
