@@ -170,6 +170,11 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         prefetch_rows<T>(p.q, b, qn, hn, mn, p.head_dim);
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
       }
+      if ((p.bias.data || p.mask.data) && hn < (hk + 1) * group) {
+        const int64_t mn = std::min(plan.block_q, p.len_q(b) - in);
+        if (hn == h) ctx.prefetch_inputs(in, mn, j0, nj);
+        else HeadCtx<Acc>(p, b, hn).prefetch_inputs(in, mn, j0, nj);
+      }
       const KeySpan ks = seen_keys(qb, j0, nj, kind);
       tile_grad(p, plan, ctx, qb, bwd, step, ks, nullptr);
       if constexpr (Bwd::kPairs) {

@@ -27,6 +27,8 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
   };
   if (re < 0) re = mq;
   FG_DASSERT(rb % kLanes == 0 && re <= mq);
+  // Each row's bias and mask for the next tile of its head.
+  const bool inputs_ahead = (p.bias.data || p.mask.data) && at.next.n && at.next.hk == t.hk0 + x;
   for (int64_t r0 = rb; r0 < re; r0 += kLanes) {
     const int64_t r1 = std::min(re, r0 + kLanes);
     for (int64_t r = r0; r < r1; ++r) {
@@ -63,6 +65,7 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
         for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
         c.dropout_row(i, j0, nj, keep, srow);
       }
+      if (inputs_ahead) c.prefetch_inputs(i, 1, at.next.seq0 - t.k0, at.next.n);
       const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
       prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
       prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);

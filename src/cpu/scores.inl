@@ -82,6 +82,24 @@ struct HeadCtx {
     return all && !mask ? TileKind::full : TileKind::partial;
   }
 
+  // Asks L2 for the bias and mask of rows [i0, i0 + n) at keys [j0, j0 +
+  // nj), where each row's keys lie side by side. The tile walks read them
+  // in strips a row apart, which the hardware prefetchers did not follow:
+  // the bias's loads took nearly all of logits_row's samples (tuning
+  // table: bias and mask prefetch).
+  void prefetch_inputs(int64_t i0, int64_t n, int64_t j0, int64_t nj) const {
+    const auto strips = [&](const char* base, int64_t rs, int64_t es) {
+      for (int64_t i = i0; i < i0 + n; ++i) {
+        const char* row = base + (i * rs + j0) * es;
+        const uintptr_t first = reinterpret_cast<uintptr_t>(row) / 64 * 64;
+        for (uintptr_t at = first; at < reinterpret_cast<uintptr_t>(row + nj * es); at += 64)
+          prefetch_l2(reinterpret_cast<const char*>(at));
+      }
+    };
+    if (bias && bias_cs == 1 && bias_rs != 0) strips(bias, bias_rs, bias_es);
+    if (mask && mask_cs == 1 && mask_rs != 0) strips(reinterpret_cast<const char*>(mask), mask_rs, 1);
+  }
+
   template <typename B>
   void add_bias(const B* row, int64_t j0, int64_t nj, Acc* s) const {
     for (int64_t jj = 0; jj < nj; ++jj) s[jj] += static_cast<Acc>(to_float(row[(j0 + jj) * bias_cs]));
