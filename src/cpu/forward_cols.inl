@@ -82,6 +82,18 @@ struct ScoreCols {
     (void)pt, (void)nj, (void)cols, (void)ld, (void)key0;
 #endif
   }
+  // Asks L2 for the columns' bias and mask at keys [key0, key0 + nj), the
+  // next tile's, as the row paths do (HeadCtx::prefetch_inputs).
+  void prefetch(int64_t key0, int64_t nj) const {
+    const auto strip = [](const char* at, int64_t bytes) {
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(at) / 64 * 64; a < reinterpret_cast<uintptr_t>(at + bytes); a += 64)
+        prefetch_l2(reinterpret_cast<const char*>(a));
+    };
+    const int64_t es = dtype_size(bias_dtype);
+    for (int64_t c = 0; brow && bias_cs == 1 && c < rows; ++c) strip(brow[c] + key0 * es, nj * es);
+    for (int64_t c = 0; mrow && mask_cs == 1 && c < rows; ++c)
+      strip(reinterpret_cast<const char*>(mrow[c]) + key0, nj);
+  }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
   void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
     if (slope)
@@ -98,8 +110,27 @@ struct ScoreCols {
       }
     if (mrow) mask(st, nj, cols, ld, key0);
   }
+  // Panels of kBiasPanel columns gather their mask bytes keys-major first,
+  // each mask row read in order, then select along S^T's rows, where the
+  // compiler vectorises the select: column by column, each score's select
+  // read and wrote a row of S^T of its own (tuning table: keys-major mask).
   void mask(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
-    for (int64_t c = 0; c < std::min(cols, rows); ++c) {
+    const int64_t n = std::min(cols, rows);
+    int64_t c = 0;
+    uint8_t keep[kBiasPanel * kBiasKeys];
+    for (; mask_cs == 1 && c + kBiasPanel <= n; c += kBiasPanel)
+      for (int64_t j0 = 0; j0 < nj; j0 += kBiasKeys) {
+        const int64_t w = std::min(kBiasKeys, nj - j0);
+        for (int64_t x = 0; x < kBiasPanel; ++x) {
+          const uint8_t* r = mrow[c + x] + key0 + j0;
+          for (int64_t j = 0; j < w; ++j) keep[j * kBiasPanel + x] = r[j];
+        }
+        for (int64_t j = 0; j < w; ++j) {
+          Acc* row = st + (j0 + j) * ld + c;
+          for (int64_t x = 0; x < kBiasPanel; ++x) row[x] = keep_or_neg_inf(row[x], keep[j * kBiasPanel + x] != 0);
+        }
+      }
+    for (; c < n; ++c) {
       const uint8_t* r = mrow[c] + key0 * mask_cs;
       for (int64_t j = 0; j < nj; ++j) st[j * ld + c] = keep_or_neg_inf(st[j * ld + c], r[j * mask_cs] != 0);
     }

@@ -132,6 +132,10 @@ template <typename T>
 void keys_major_ahead(const Operand& o, int64_t dim, const ColTile<float>& c) {
   if (c.next.n && o.seq_stride != dim) prefetch_rows<T>(o, c.b, c.next.seq0, c.next.hk, c.next.n, dim);
 }
+// The next tile's bias and mask strips, when it is the same head's.
+inline void keys_major_inputs_ahead(const ColTile<float>& c) {
+  if (c.next.n && c.next.hk == c.hk) c.sc.prefetch(c.next.seq0 - (c.seq0 - c.j0), c.next.n);
+}
 
 // The tile's K rows for the S^T product (their row stride into kr_ld) and
 // its V tile into c.vbuf ([nj, dv_pad]). K rows each on a page of their own
@@ -166,6 +170,7 @@ void keys_major_scored(const AttnParams& p, const TilePlan& plan, const ColTile<
   if (cap > 0)
     for (int64_t j = 0; j < nj; ++j) softcap_row(st + j * mld, ms, cap, nullptr);
   c.sc.apply(st, nj, ms, mld, j0);
+  keys_major_inputs_ahead(c);
   keys_major_ahead<T>(p.k, p.head_dim, c);
   softmax_cols(st, nj, ms, mld, m, l, alpha, c.lo, c.hi, static_cast<float>(j0));
   c.sc.dropout(st, nj, ms, mld, j0);
@@ -212,6 +217,7 @@ void keys_major_cut(const AttnParams& p, const TilePlan& plan, const ColTile<flo
       for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + col, ms - col, cap, nullptr);
     c.sc.at(col).apply(st + a * mld + col, std::min(kPad, nj - a), ms - col, mld, j0 + a);
   }
+  keys_major_inputs_ahead(c);
   keys_major_ahead<T>(p.k, p.head_dim, c);
   const int64_t c0 = cut.pv[0];
   softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, c.lo + c0, c.hi + c0, static_cast<float>(j0));
@@ -252,10 +258,15 @@ void keys_major_task(ForwardTask<T, Acc, Tiles>& t) {
     TileCut cut;
     int64_t cut_j0 = -1;
     walk_tiles(t, [&](const TileAt& at) {
-      const bool partial = at.kind == TileKind::partial;
+      // A tile that only the mask cuts goes as a full one, its mask applied
+      // by ScoreCols: the cut tiles' products run 32 keys at a time
+      // (tuning table: keys-major masked tiles).
+      const bool partial = at.kind == TileKind::partial && !t.ranges_cover(at.j0, at.nj);
       if (partial && !t.path.ranged) return row_tile(t, at);
       if (partial && cut_j0 != at.j0) cut.set(t.lo, t.hi, t.mq, at.j0, at.nj), cut_j0 = at.j0;
-      ColTile<Acc> c = col_tile(t, cols, at);
+      TileAt whole = at;
+      if (!partial) whole.kind = TileKind::full;
+      ColTile<Acc> c = col_tile(t, cols, whole);
       c.kbuf = t.stage, c.vbuf = t.v;
       keys_major_tile<T>(t.p, t.plan, c, partial ? &cut : nullptr);
     });

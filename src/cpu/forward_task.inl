@@ -156,9 +156,10 @@ struct ForwardTask {
   // Tiles every row sees whole go without classify's look at each row
   // (tuning table: full-tile test).
   TileKind tile_kind(int64_t j0, int64_t nj) const {
-    const bool every_row_sees = !p.mask.data && lo_max <= j0 && hi_min >= j0 + nj - 1;
-    return every_row_sees ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
+    return !p.mask.data && ranges_cover(j0, nj) ? TileKind::full : ctx[0].classify(mq, lo, hi, j0, nj);
   }
+  // Whether every row's causal and window range holds keys [j0, j0 + nj).
+  bool ranges_cover(int64_t j0, int64_t nj) const { return lo_max <= j0 && hi_min >= j0 + nj - 1; }
 };
 
 // A tile of a task's walk: keys j0.. (nj of them, counted from the
