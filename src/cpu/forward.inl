@@ -36,14 +36,15 @@ void load_tile(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, 
 // ahead of their loads. In [batch, seq, heads, dim] layouts each row of a
 // head starts a new 4 KiB page at d = 128, where the hardware prefetchers
 // stop, so without this the loads waited on L3.
+// With to_l1, into L1 as well (prefetch_l1).
 template <typename T>
-void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim) {
+void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t n, int64_t dim, bool to_l1 = false) {
   if (o.dim_stride != 1) return;
   const char* base = reinterpret_cast<const char*>(static_cast<const T*>(o.data));
   const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t r = 0; r < n; ++r) {
     const char* row = base + row_offset(o, b, seq0 + r, h) * static_cast<int64_t>(sizeof(T));
-    for (int64_t x = 0; x < bytes; x += 64) prefetch_l2(row + x);
+    for (int64_t x = 0; x < bytes; x += 64) to_l1 ? prefetch_l1(row + x) : prefetch_l2(row + x);
   }
 }
 
@@ -108,12 +109,21 @@ void with_rows(int64_t mq, F f) {
 #include "forward_narrow_dot.inl"
 #include "forward_amx_narrow.inl"
 
-// One task: its state and Q (ForwardTask), its path's tiles, its rows' results.
+// A forward task's place: batch b (-1: none), K/V heads from hk0, query
+// block qb, key split.
+struct TaskAt {
+  int64_t b = -1, hk0 = 0, qb = 0, split = 0;
+};
+
+// One task: its state and Q (ForwardTask), its path's tiles, its rows'
+// results; next, the task likely to follow on this thread, if any.
 template <typename T, typename Acc, typename Tiles>
-void forward_task(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk0, int64_t qb, int64_t split,
-                  Slice<Acc> ws, Slice<Acc> shared) {
-  if (qb * plan.head_rows >= p.len_q(b)) return;  // an empty key range still finishes its rows: "no key"
-  ForwardTask<T, Acc, Tiles> t(p, plan, b, hk0, qb, split, ws);
+void forward_task(const AttnParams& p, const TilePlan& plan, const TaskAt& at, const TaskAt& next, Slice<Acc> ws,
+                  Slice<Acc> shared) {
+  const int64_t b = at.b;
+  if (at.qb * plan.head_rows >= p.len_q(b)) return;  // an empty key range still finishes its rows: "no key"
+  ForwardTask<T, Acc, Tiles> t(p, plan, b, at.hk0, at.qb, at.split, ws);
+  if (next.b >= 0) t.aim_after(next.b, next.hk0, next.qb, next.split, next.b != b || next.hk0 != at.hk0 || next.split != at.split);
   switch (t.path.kind) {
     case ForwardPath::heads_across: heads_across_task(t); break;
     case ForwardPath::keys_major: keys_major_task(t); break;
@@ -171,18 +181,30 @@ void forward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
   // whole units would leave a thread one unit behind.
   const int64_t units = p.batch * head_runs * splits;
   const bool whole = plan.fwd.pair_slots > 0 && units % plan.threads == 0 && !p.cu_seqlens_q && !p.cu_seqlens_k;
-  const auto run = [&](int64_t unit, int64_t qb, int thread) {
-    const int64_t sp = unit % splits, bh = unit / splits;
-    forward_task<T, Acc, Tiles>(p, plan, bh / head_runs, bh % head_runs * plan.kv_heads, qb, sp,
-                                Slice<Acc>{base + thread * per_thread}, shared);
+  const auto place = [&](int64_t unit, int64_t qb) {
+    const int64_t bh = unit / splits;
+    return TaskAt{bh / head_runs, bh % head_runs * plan.kv_heads, qb, unit % splits};
+  };
+  const auto run = [&](const TaskAt& at, const TaskAt& next, int thread) {
+    forward_task<T, Acc, Tiles>(p, plan, at, next, Slice<Acc>{base + thread * per_thread}, shared);
+  };
+  // A task asks for the Q rows of the task its thread likely takes next,
+  // and for its first K/V tile where that is another unit's: the unit's
+  // next query block, or the unit plan.threads on, as threads claim tasks
+  // in turn. Short sequences read every row once and waited on memory for
+  // them (tuning table: next task's rows).
+  const auto next_of = [&](int64_t unit, int64_t qb) {
+    if (qb > 0) return place(unit, qb - 1);
+    return unit + plan.threads < units ? place(unit + plan.threads, nqb - 1) : TaskAt{};
   };
   if (whole) {
     parallel_for(units, plan.threads, [&](int64_t unit, int thread) {
-      for (int64_t qb = nqb - 1; qb >= 0; --qb) run(unit, qb, thread);
+      for (int64_t qb = nqb - 1; qb >= 0; --qb) run(place(unit, qb), next_of(unit, qb), thread);
     });
   } else {
     parallel_for(units * nqb, plan.threads, [&](int64_t task, int thread) {
-      run(task / splits / nqb * splits + task % splits, nqb - 1 - task / splits % nqb, thread);
+      const int64_t unit = task / splits / nqb * splits + task % splits, qb = nqb - 1 - task / splits % nqb;
+      run(place(unit, qb), next_of(unit, qb), thread);
     });
   }
   if (splits == 1) return;

@@ -8,6 +8,9 @@ struct NextTile {
   int64_t seq0, hk, n;
   const char* held = nullptr;  // or its K/V pairs, held_bytes of them (PairTileCache)
   int64_t held_bytes = 0;
+  // Where the tile is the next task's first: its batch, and its query rows
+  // (q_rows rows from q_seq0 of each of q_heads query heads from q_h0).
+  int64_t b = -1, q_seq0 = 0, q_h0 = 0, q_heads = 0, q_rows = 0;
 };
 
 // What logits_row does to a row's scores after the softcap, done to S^T's

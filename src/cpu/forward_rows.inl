@@ -66,9 +66,12 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
         c.dropout_row(i, j0, nj, keep, srow);
       }
       if (inputs_ahead) c.prefetch_inputs(i, 1, at.next.seq0 - t.k0, at.next.n);
-      const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq;
-      prefetch_rows<T>(p.k, b, next.seq0 + f0, next.hk, f1 - f0, d);
-      prefetch_rows<T>(p.v, b, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v);
+      const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq, nb = next.b >= 0 ? next.b : b;
+      const bool l1 = next.b >= 0;
+      prefetch_rows<T>(p.k, nb, next.seq0 + f0, next.hk, f1 - f0, d, l1);
+      prefetch_rows<T>(p.v, nb, next.seq0 + f0, next.hk, f1 - f0, p.head_dim_v, l1);
+      for (int64_t qr = r * next.q_heads * next.q_rows / mq; qr < (r + 1) * next.q_heads * next.q_rows / mq; ++qr)
+        prefetch_rows<T>(p.q, nb, next.q_seq0 + qr % next.q_rows, next.q_h0 + qr / next.q_rows, 1, d, true);
       for (int64_t a = round_up(r * next.held_bytes / mq, 64); a < (r + 1) * next.held_bytes / mq; a += 64)
         prefetch_l2(next.held + a);
     }
@@ -91,6 +94,7 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   // Rows of the next tile to ask L2 for, or its pairs where they are held.
   const Acc* held_next = next.n ? cache.held(next.hk - t.hk0, (next.seq0 - k0 - k_lo) / plan.block_k) : nullptr;
   NextTile ahead = t.prefetch_next && !held_next ? next : NextTile{0, 0, 0};
+  if (!next.n && t.prefetch_next) ahead = t.after;
   if (held_next) ahead.held = reinterpret_cast<const char*>(held_next), ahead.held_bytes = cache.slot * sizeof(Acc);
   Acc *ktx = t.kt, *vx = t.v;
   const int64_t kt_elems = plan.dqk_pad / 2 * plan.bk_pad;

@@ -80,6 +80,7 @@ struct ForwardTask {
   int64_t bk = 0;                   ///< keys per tile
   bool prefetch_next = false;       ///< row tiles ask L2 for the next K/V tile
   int64_t lo_max = 0, hi_min = 0;   ///< over the stacked rows (tile_kind)
+  NextTile after{0, 0, 0};          ///< the next task's first tile and query rows (aim_after)
   uint8_t keep[kMaxBlockK];         ///< a row's dropout bits
 
   ForwardTask(const AttnParams& p_, const TilePlan& plan_, int64_t b_, int64_t hk0_, int64_t qb, int64_t split_,
@@ -145,6 +146,17 @@ struct ForwardTask {
     prefetch_next = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
   }
 
+  // The next task's Q rows and, with kv, its first K/V tile (b, K/V heads
+  // from hk, query block qb, split sp), which the row paths ask for along
+  // this task's last tile (softmax_rows).
+  void aim_after(int64_t nb, int64_t hk, int64_t qb, int64_t sp, bool kv) {
+    const int64_t lo = sp * plan.split_k, i = qb * plan.head_rows;
+    const int64_t keys = std::min({plan.block_k, plan.split_k, p.len_k(nb) - lo});
+    if (keys <= 0 || i >= p.len_q(nb)) return;
+    after = NextTile{p.k_start(nb) + lo, hk, kv ? keys : 0};
+    after.b = nb, after.q_seq0 = p.q_start(nb) + i, after.q_h0 = hk * plan.group;
+    after.q_heads = plan.group * plan.kv_heads, after.q_rows = std::min(plan.head_rows, p.len_q(nb) - i);
+  }
   // Stacked row r of K/V head x (padding rows as the last real one): its
   // query head's context and its row.
   const HeadCtx<Acc>& head_of(int64_t x, int64_t r) const {

@@ -90,6 +90,19 @@ inline void prefetch_l2(const char* p) {
 #endif
 }
 
+// Asks for one cache line in L1 (and L2). On Zen 5, rows of a task that
+// follows were asked for in vain with prefetcht1 (tuning table: next
+// task's rows).
+inline void prefetch_l1(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#elif defined(__GNUC__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
 // Asks for one cache line to write (prefetchw: a no-op on x86 CPUs that
 // lack it, which predate Broadwell).
 inline void prefetch_w(const char* p) {
