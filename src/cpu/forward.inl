@@ -123,7 +123,8 @@ void forward_task(const AttnParams& p, const TilePlan& plan, const TaskAt& at, c
   const int64_t b = at.b;
   if (at.qb * plan.head_rows >= p.len_q(b)) return;  // an empty key range still finishes its rows: "no key"
   ForwardTask<T, Acc, Tiles> t(p, plan, b, at.hk0, at.qb, at.split, ws);
-  if (next.b >= 0) t.aim_after(next.b, next.hk0, next.qb, next.split, next.b != b || next.hk0 != at.hk0 || next.split != at.split);
+  const bool other_unit = next.b != b || next.hk0 != at.hk0 || next.split != at.split;
+  if (next.b >= 0) t.aim_after(next.b, next.hk0, next.qb, next.split, other_unit);
   switch (t.path.kind) {
     case ForwardPath::heads_across: heads_across_task(t); break;
     case ForwardPath::keys_major: keys_major_task(t); break;

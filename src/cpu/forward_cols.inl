@@ -89,7 +89,8 @@ struct ScoreCols {
   // next tile's, as the row paths do (HeadCtx::prefetch_inputs).
   void prefetch(int64_t key0, int64_t nj) const {
     const auto strip = [](const char* at, int64_t bytes) {
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(at) / 64 * 64; a < reinterpret_cast<uintptr_t>(at + bytes); a += 64)
+      const uintptr_t end = reinterpret_cast<uintptr_t>(at + bytes);
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(at) / 64 * 64; a < end; a += 64)
         prefetch_l2(reinterpret_cast<const char*>(a));
     };
     const int64_t es = dtype_size(bias_dtype);

@@ -260,7 +260,7 @@ void keys_major_task(ForwardTask<T, Acc, Tiles>& t) {
     walk_tiles(t, [&](const TileAt& at) {
       // A tile that only the mask cuts goes as a full one, its mask applied
       // by ScoreCols: the cut tiles' products run 32 keys at a time
-      // (tuning table: keys-major masked tiles).
+      // (tuning table: keys-major mask).
       const bool partial = at.kind == TileKind::partial && !t.ranges_cover(at.j0, at.nj);
       if (partial && !t.path.ranged) return row_tile(t, at);
       if (partial && cut_j0 != at.j0) cut.set(t.lo, t.hi, t.mq, at.j0, at.nj), cut_j0 = at.j0;
