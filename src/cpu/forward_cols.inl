@@ -88,15 +88,10 @@ struct ScoreCols {
   // Asks L2 for the columns' bias and mask at keys [key0, key0 + nj), the
   // next tile's, as the row paths do (HeadCtx::prefetch_inputs).
   void prefetch(int64_t key0, int64_t nj) const {
-    const auto strip = [](const char* at, int64_t bytes) {
-      const uintptr_t end = reinterpret_cast<uintptr_t>(at + bytes);
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(at) / 64 * 64; a < end; a += 64)
-        prefetch_l2(reinterpret_cast<const char*>(a));
-    };
     const int64_t es = dtype_size(bias_dtype);
-    for (int64_t c = 0; brow && bias_cs == 1 && c < rows; ++c) strip(brow[c] + key0 * es, nj * es);
+    for (int64_t c = 0; brow && bias_cs == 1 && c < rows; ++c) prefetch_l2_bytes(brow[c] + key0 * es, nj * es);
     for (int64_t c = 0; mrow && mask_cs == 1 && c < rows; ++c)
-      strip(reinterpret_cast<const char*>(mrow[c]) + key0, nj);
+      prefetch_l2_bytes(reinterpret_cast<const char*>(mrow[c]) + key0, nj);
   }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
   void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {

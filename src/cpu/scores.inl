@@ -89,12 +89,7 @@ struct HeadCtx {
   // table: bias and mask prefetch).
   void prefetch_inputs(int64_t i0, int64_t n, int64_t j0, int64_t nj) const {
     const auto strips = [&](const char* base, int64_t rs, int64_t es) {
-      for (int64_t i = i0; i < i0 + n; ++i) {
-        const char* row = base + (i * rs + j0) * es;
-        const uintptr_t first = reinterpret_cast<uintptr_t>(row) / 64 * 64;
-        for (uintptr_t at = first; at < reinterpret_cast<uintptr_t>(row + nj * es); at += 64)
-          prefetch_l2(reinterpret_cast<const char*>(at));
-      }
+      for (int64_t i = i0; i < i0 + n; ++i) prefetch_l2_bytes(base + (i * rs + j0) * es, nj * es);
     };
     if (bias && bias_cs == 1 && bias_rs != 0) strips(bias, bias_rs, bias_es);
     if (mask && mask_cs == 1 && mask_rs != 0) strips(reinterpret_cast<const char*>(mask), mask_rs, 1);
