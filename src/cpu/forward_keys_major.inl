@@ -3,30 +3,43 @@
 // narrow paths (Q^T, the score columns, ColTile). Included by forward.inl,
 // in order.
 
-// Where a tile the causal or window ranges cut starts, per band of kPad
-// keys: band u's scores from column (query row) col[u] of S^T on, the first
-// kPad-aligned block of rows that sees one of its keys, and P V for rows
-// [pv[u], pv[u + 1]) over bands 0..u only (pv[u]: the least col[u..]; pv[bands] = mq).
-// On a causal diagonal the first band is seen by more rows than the last,
-// so a 64-key tile computes three quarters of its 64 x 64 corner instead
-// of all of it.
+// Where a tile the causal or window ranges cut holds scores some row sees,
+// in bands of kPad keys and groups of kPad query rows (columns of S^T):
+// band u's scores for columns [col[u], end[u]) (none where end[u] is 0),
+// then the softmax and P V in runs of columns that see the same keys. A
+// causal diagonal's first band is seen by more rows than its last and a
+// window's left edge the other way round, so a 64-key tile on either
+// computes three quarters of its 64 x 64 corner instead of all of it.
 struct TileCut {
   static constexpr int64_t kMaxBands = kMaxBlockK / kPad;
+  struct Run {
+    int64_t c0, c1, k0, k1;  ///< columns [c0, c1) see keys [k0, k1) of the tile
+  };
   int64_t bands = 0;
-  int64_t col[kMaxBands];
-  int64_t pv[kMaxBands + 1];
+  int64_t col[kMaxBands], end[kMaxBands];
+  std::vector<Run> runs;
 
   // Rows r < mq see keys [lo[r], hi[r]]; the tile holds keys j0 .. j0 + nj - 1.
   void set(const int64_t* lo, const int64_t* hi, int64_t mq, int64_t j0, int64_t nj) {
     bands = ceil_div(nj, kPad);
-    for (int64_t u = 0; u < bands; ++u) {
-      const int64_t a = j0 + u * kPad, z = std::min(a + kPad, j0 + nj);
-      int64_t r = 0;
-      while (r < mq && (lo[r] > hi[r] || hi[r] < a || lo[r] >= z)) ++r;
-      col[u] = r / kPad * kPad;
+    std::fill_n(col, bands, std::numeric_limits<int64_t>::max());
+    std::fill_n(end, bands, int64_t{0});
+    runs.clear();
+    for (int64_t c0 = 0; c0 < mq; c0 += kPad) {
+      int64_t ua = bands, ub = -1;  // the group's first and last band
+      for (int64_t r = c0; r < std::min(mq, c0 + kPad); ++r) {
+        const int64_t a = std::max(lo[r], j0), z = std::min(hi[r], j0 + nj - 1);
+        if (a > z) continue;
+        ua = std::min(ua, (a - j0) / kPad), ub = std::max(ub, (z - j0) / kPad);
+      }
+      if (ub < ua) continue;
+      for (int64_t u = ua; u <= ub; ++u) col[u] = std::min(col[u], c0), end[u] = c0 + kPad;
+      const Run run{c0, c0 + kPad, ua * kPad, std::min(nj, (ub + 1) * kPad)};
+      if (!runs.empty() && runs.back().c1 == c0 && runs.back().k0 == run.k0 && runs.back().k1 == run.k1)
+        runs.back().c1 = run.c1;
+      else
+        runs.push_back(run);
     }
-    pv[bands] = mq;
-    for (int64_t u = bands - 1; u >= 0; --u) pv[u] = std::min(col[u], pv[u + 1]);
   }
 };
 
@@ -199,36 +212,37 @@ void keys_major_full(const AttnParams& p, const TilePlan& plan, const ColTile<fl
 }
 
 // A tile the ranges cut: only the scores and products cut says some row
-// needs. The scores it leaves are masked in the softmax like any unseen
-// key, and rows (columns of S^T) below cut.pv[0] are left as they are.
+// needs. A run's softmax masks the scores it holds outside each row's
+// range like any unseen key, and rows (columns of S^T) in no run are left
+// as they are.
 template <typename T>
 void keys_major_cut(const AttnParams& p, const TilePlan& plan, const ColTile<float>& c, const float* kr,
                     int64_t kr_ld, const TileCut& cut) {
-  const int64_t nj = c.nj, ms = c.cols, mld = c.ld, dv = plan.dv_pad, j0 = c.j0;
+  const int64_t nj = c.nj, mld = c.ld, dv = plan.dv_pad, j0 = c.j0;
   float *st = c.st, *m = c.m, *l = c.l, *alpha = c.alpha;
   const float* qt = c.qt;
   const float cap = static_cast<float>(p.softcap);
   const ScoreScale<float> sscale(p.scale);
   for (int64_t u = 0; u < cut.bands; ++u) {
-    const int64_t a = u * kPad, col = cut.col[u];
-    gemm_nn(std::min(kPad, nj - a), ms - col, p.head_dim, kr + a * kr_ld, kr_ld, 1, qt + col, mld,
-            st + a * mld + col, mld, sscale);
+    const int64_t a = u * kPad, col = cut.col[u], n = cut.end[u] - col, kn = std::min(kPad, nj - a);
+    if (n <= 0) continue;
+    gemm_nn(kn, n, p.head_dim, kr + a * kr_ld, kr_ld, 1, qt + col, mld, st + a * mld + col, mld, sscale);
     if (cap > 0)
-      for (int64_t j = a; j < std::min(a + kPad, nj); ++j) softcap_row(st + j * mld + col, ms - col, cap, nullptr);
-    c.sc.at(col).apply(st + a * mld + col, std::min(kPad, nj - a), ms - col, mld, j0 + a);
+      for (int64_t j = a; j < a + kn; ++j) softcap_row(st + j * mld + col, n, cap, nullptr);
+    c.sc.at(col).apply(st + a * mld + col, kn, n, mld, j0 + a);
   }
   keys_major_inputs_ahead(c);
   keys_major_ahead<T>(p.k, p.head_dim, c);
-  const int64_t c0 = cut.pv[0];
-  softmax_cols(st + c0, nj, ms - c0, mld, m + c0, l + c0, alpha + c0, c.lo + c0, c.hi + c0, static_cast<float>(j0));
-  c.sc.at(c0).dropout(st + c0, nj, ms - c0, mld, j0);
-  keys_major_ahead<T>(p.v, p.head_dim_v, c);
-  for (int64_t u = 0; u < cut.bands; ++u) {
-    const int64_t r0 = cut.pv[u], r1 = cut.pv[u + 1];
-    if (r1 > r0)
-      gemm_nn_acc(r1 - r0, dv, std::min(nj, (u + 1) * kPad), st + r0, 1, mld, c.vbuf, dv, c.o + r0 * dv, dv,
-                  alpha + r0, nullptr);
+  for (const TileCut::Run& r : cut.runs) {
+    float* sr = st + r.k0 * mld + r.c0;
+    softmax_cols(sr, r.k1 - r.k0, r.c1 - r.c0, mld, m + r.c0, l + r.c0, alpha + r.c0, c.lo + r.c0, c.hi + r.c0,
+                 static_cast<float>(j0 + r.k0));
+    c.sc.at(r.c0).dropout(sr, r.k1 - r.k0, r.c1 - r.c0, mld, j0 + r.k0);
   }
+  keys_major_ahead<T>(p.v, p.head_dim_v, c);
+  for (const TileCut::Run& r : cut.runs)
+    gemm_nn_acc(r.c1 - r.c0, dv, r.k1 - r.k0, st + r.k0 * mld + r.c0, 1, mld, c.vbuf + r.k0 * dv, dv,
+                c.o + r.c0 * dv, dv, alpha + r.c0, nullptr);
 }
 
 // One tile, keys-major: S^T [nj, cols] (row stride ld) into c.st, the
