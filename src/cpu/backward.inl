@@ -144,9 +144,15 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
     return dq_sums && x < L.held_slots ? x : int64_t{-1};
   };
   uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
+  // Only the query blocks whose causal and window ranges can reach the key
+  // block (the same for every head), so that a narrow window's work does
+  // not grow with the sequence's length.
+  int64_t first = 0, last = 0;
+  HeadCtx<Acc>(p, b, hk * group).rows_seeing(j0, nj, first, last);
+  first = first / plan.block_q * plan.block_q;
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadCtx<Acc> ctx(p, b, h);
-    for (int64_t i0 = 0; i0 < ctx.lq; i0 += plan.block_q) {
+    for (int64_t i0 = first; i0 <= last; i0 += plan.block_q) {
       QueryBlock<Acc> qb = query_block_buffers(plan, ws, i0, std::min(plan.block_q, ctx.lq - i0));
       row_ranges(ctx, qb);
       const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
@@ -160,7 +166,7 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
       }
       // The next query block's rows (or the next head's first) into L2 while
       // this one computes, unless they are held as pairs.
-      const int64_t hn = i0 + plan.block_q < ctx.lq ? h : h + 1, in = hn == h ? i0 + plan.block_q : 0;
+      const int64_t hn = i0 + plan.block_q <= last ? h : h + 1, in = hn == h ? i0 + plan.block_q : first;
       const int64_t xn = hn < (hk + 1) * group ? slot_of(hn, in) : -1;
       if (xn >= 0 && ready[xn]) {
         const char* next = reinterpret_cast<const char*>(ws.at(L.held_q) + xn * L.held_slot);

@@ -80,6 +80,8 @@ struct ForwardTask {
   int64_t bk = 0;                   ///< keys per tile
   bool prefetch_next = false;       ///< row tiles ask L2 for the next K/V tile
   int64_t lo_max = 0, hi_min = 0;   ///< over the stacked rows (tile_kind)
+  int64_t lo_min = 0, hi_max = 0;   ///< over the stacked rows that see a key
+  int64_t j_first = 0, j_end = 0;   ///< the first tile some row sees, and the end of the last one's keys
   NextTile after{0, 0, 0};          ///< the next task's first tile and query rows (aim_after)
   uint8_t keep[kMaxBlockK];         ///< a row's dropout bits
 
@@ -119,10 +121,23 @@ struct ForwardTask {
       l[r] = Acc(0);
     }
     lo_max = std::numeric_limits<int64_t>::min(), hi_min = std::numeric_limits<int64_t>::max();
+    lo_min = hi_min, hi_max = lo_max;
     for (int64_t r = 0; r < mq; ++r) {
       lo_max = std::max(lo_max, lo[r]);
       hi_min = std::min(hi_min, hi[r]);
+      if (lo[r] > hi[r]) continue;
+      lo_min = std::min(lo_min, lo[r]);
+      hi_max = std::max(hi_max, hi[r]);
     }
+  }
+  // The tiles the walks visit: those that hold keys [lo_min, hi_max], on
+  // the task's tile grid, so that a narrow window does not classify every
+  // tile of a long sequence.
+  void key_span() {
+    j_first = k_lo, j_end = k_lo;
+    if (lo_min > hi_max || hi_max < k_lo || lo_min >= k_hi) return;
+    j_first = k_lo + std::max<int64_t>(0, lo_min - k_lo) / bk * bk;
+    j_end = std::min(k_hi, hi_max + 1);
   }
 
   // The task's path (task_path) and what follows from it: o's rows zeroed,
@@ -141,6 +156,7 @@ struct ForwardTask {
     qt_head = q_cols * qt_ld;
     const int64_t narrow_bk = kDotTiles<Tiles> ? kNarrowDotKeys : narrow_keys(qt_cols);
     bk = path.narrow ? std::min(narrow_bk, plan.block_k) : plan.block_k;
+    key_span();
     // The next K/V tile is prefetched for tall tiles and bf16 decode, not for
     // f32 decode tiles, which it slowed (tuning table: next-tile prefetch).
     prefetch_next = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
@@ -185,7 +201,7 @@ struct TileAt {
 // Runs f(j0, nj, kind) on each key tile of the task that some row sees, in order.
 template <typename T, typename Acc, typename Tiles, typename F>
 void walk_key_tiles(const ForwardTask<T, Acc, Tiles>& t, F&& f) {
-  for (int64_t j0 = t.k_lo; j0 < t.k_hi; j0 += t.bk) {
+  for (int64_t j0 = t.j_first; j0 < t.j_end; j0 += t.bk) {
     const int64_t nj = t.keys_at(j0);
     const TileKind kind = t.tile_kind(j0, nj);
     if (kind != TileKind::skip) f(j0, nj, kind);
@@ -197,16 +213,16 @@ void walk_key_tiles(const ForwardTask<T, Acc, Tiles>& t, F&& f) {
 // at each key tile.
 template <typename T, typename Acc, typename Tiles, typename Step>
 void walk_tiles(const ForwardTask<T, Acc, Tiles>& t, Step&& step) {
-  const int64_t nh = t.nh, hk0 = t.hk0, k0 = t.k0, k_lo = t.k_lo, k_hi = t.k_hi, bk = t.bk;
+  const int64_t nh = t.nh, hk0 = t.hk0, k0 = t.k0, j_first = t.j_first, j_end = t.j_end, bk = t.bk;
   if (t.path.heads_outer) {
     for (int64_t x = 0; x < nh; ++x)
-      for (int64_t j0 = k_lo; j0 < k_hi; j0 += bk) {
+      for (int64_t j0 = j_first; j0 < j_end; j0 += bk) {
         const int64_t nj = t.keys_at(j0);
         const TileKind kind = t.tile_kind(j0, nj);
         if (kind == TileKind::skip) continue;
         // The tile after this one: the next keys', or the next K/V head's first.
-        const bool last = j0 + bk >= k_hi;
-        const int64_t jn = last ? k_lo : j0 + bk;
+        const bool last = j0 + bk >= j_end;
+        const int64_t jn = last ? j_first : j0 + bk;
         const NextTile next{k0 + jn, hk0 + x + (last ? 1 : 0), last && x + 1 == nh ? 0 : t.keys_at(jn)};
         step(TileAt{j0, nj, x, kind, next});
       }
@@ -216,7 +232,8 @@ void walk_tiles(const ForwardTask<T, Acc, Tiles>& t, Step&& step) {
     for (int64_t x = 0; x < nh; ++x) {
       // The tile after this one: the next K/V head's, or the next keys'.
       const int64_t jn = x + 1 < nh ? j0 : j0 + bk;
-      step(TileAt{j0, nj, x, kind, NextTile{k0 + jn, x + 1 < nh ? hk0 + x + 1 : hk0, t.keys_at(jn)}});
+      const int64_t n = jn < j_end ? t.keys_at(jn) : 0;
+      step(TileAt{j0, nj, x, kind, NextTile{k0 + jn, x + 1 < nh ? hk0 + x + 1 : hk0, n}});
     }
   });
 }

@@ -69,6 +69,17 @@ struct HeadCtx {
     if (p->window_right >= 0 && p->window_right < hi - ip) hi = ip + p->window_right;
   }
 
+  // Query rows [first, last] whose causal and window ranges can reach keys
+  // [j0, j0 + nj) (row_range turned around; no row when first > last).
+  // Windows wider than far bound no row.
+  void rows_seeing(int64_t j0, int64_t nj, int64_t& first, int64_t& last) const {
+    const int64_t far = lq + lk + (shift < 0 ? -shift : shift), wl = p->window_left, wr = p->window_right;
+    first = 0, last = lq - 1;
+    if (p->causal) first = std::max(first, j0 - shift);
+    if (wr >= 0 && wr < far) first = std::max(first, j0 - wr - shift);
+    if (wl >= 0 && wl < far) last = std::min(last, j0 + nj - 1 + wl - shift);
+  }
+
   // Rows [i0, i0 + ni) against keys [j0, j0 + nj), given the rows' ranges.
   TileKind classify(int64_t ni, const int64_t* lo, const int64_t* hi, int64_t j0,
                     int64_t nj) const {
