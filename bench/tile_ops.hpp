@@ -40,6 +40,8 @@ struct TileOps {
   // dst [cols, rows] (row stride ldd) = transpose of src [rows, cols] (row stride lds);
   // rows and cols multiples of 16.
   void (*transpose)(int64_t rows, int64_t cols, const float* src, int64_t lds, float* dst, int64_t ldd);
+  // dst[0..n) = src[0..n) rounded to bf16 bits, as the kernels store bf16 results (store_row).
+  void (*store_bf16)(const float* src, int64_t n, uint16_t* dst);
 };
 
 // The routines of an ISA this CPU and build support; throws flashgrad::Error otherwise.

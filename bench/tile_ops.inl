@@ -41,8 +41,13 @@ void transpose_fn(int64_t rows, int64_t cols, const float* src, int64_t lds, flo
   transpose(rows, cols, src, lds, dst, ldd);
 }
 
+void store_bf16_fn(const float* src, int64_t n, uint16_t* dst) {
+  store_row(src, n, reinterpret_cast<bf16_t*>(dst), 1, 1.0f);
+}
+
 }  // namespace
 
 extern const TileOps table;
-const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,  kBlockRows, kBlockCols, gemm_fn,   block_fn,
-                       exp_fn,      max_fn,      grad_fn, softcap_fn, dropout_fn, transpose_fn};
+const TileOps table = {FG_ISA_ENUM, FG_ISA_NAME, kLanes,     kBlockRows, kBlockCols,   gemm_fn,
+                       block_fn,    exp_fn,      max_fn,     grad_fn,    softcap_fn,   dropout_fn,
+                       transpose_fn, store_bf16_fn};

@@ -1,7 +1,8 @@
 // Each ISA's vector exp (through its exp_row, bench/tile_ops.hpp) against
 // the exact exp: the same accuracy bound as the scalar exp_f32 (test_vec.cpp)
 // and the same special values, lane by lane. Each ISA's softcap (softcap_row)
-// against the exact tanh, and bit for bit against the portable path.
+// against the exact tanh, and bit for bit against the portable path; each
+// ISA's bf16 store against the portable one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,6 +123,28 @@ TEST(Softcap, EveryIsaSpecialValuesInEveryLane) {
           EXPECT_EQ(t[other], static_cast<float>(std::tanh(0.5))) << where;
         }
       }
+  }
+}
+
+// Every ISA's bf16 store (vectors where it has them) gives the portable
+// path's bits: ties to even, the largest finite values, subnormals, zeros,
+// infinities and NaNs with payloads, in every lane and in the tail.
+TEST(Bf16Store, EveryIsaTheSameBitsAsThePortablePath) {
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,
+                              0x00000001u, 0x00008000u, 0x80018000u, 0x00000000u, 0x80000000u, 0x7f800000u,
+                              0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu, 0x3f7fffffu};
+  std::vector<float> src(77);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const uint32_t u = special[i % (sizeof special / sizeof special[0])] ^ static_cast<uint32_t>(i / 18) << 31;
+    std::memcpy(&src[i], &u, 4);
+  }
+  std::vector<uint16_t> want(src.size()), got(src.size());
+  bench::tile_ops(Isa::scalar).store_bf16(src.data(), static_cast<int64_t>(src.size()), want.data());
+  EXPECT_EQ(want[0], 0x3f80);
+  EXPECT_EQ(want[1], 0x3f82);
+  for (Isa isa : supported_isas()) {
+    bench::tile_ops(isa).store_bf16(src.data(), static_cast<int64_t>(src.size()), got.data());
+    for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(got[i], want[i]) << isa_to_string(isa) << " element " << i;
   }
 }
 

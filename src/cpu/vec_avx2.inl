@@ -103,6 +103,20 @@ inline VecF vload_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 inline VecF vload_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// 8 lanes rounded to bf16 as bf16_from rounds them (nearest even, NaN
+// quieted), stored as 8 bf16 elements.
+#define FG_VEC_STORE_BF16 1
+inline void vstore_bf16(uint16_t* p, VecF x) {
+  const __m256i u = _mm256_castps_si256(x), hi = _mm256_srli_epi32(u, 16);
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+  const __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, bias), 16),
+                                       _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  // 32-bit lanes below 2^16 packed to 16 bits: each 128-bit half packs its own, then halves 0 and 2 join.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
 
 // bf16 elements p[0] and p[1] broadcast as one 32-bit word, and each half
 // as f32 (vec.inl, accumulate_bf16_pairs).

@@ -115,6 +115,18 @@ inline VecF vload_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 inline VecF vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+// 16 lanes rounded to bf16 as bf16_from rounds them (nearest even, NaN
+// quieted), stored as 16 bf16 elements.
+#define FG_VEC_STORE_BF16 1
+inline void vstore_bf16(uint16_t* p, VecF x) {
+  const __m512i u = _mm512_castps_si512(x), hi = _mm512_srli_epi32(u, 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+  const __m512i r = _mm512_mask_mov_epi32(_mm512_srli_epi32(_mm512_add_epi32(u, bias), 16), nan,
+                                          _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
 
 // bf16 elements p[0] and p[1] broadcast as one 32-bit word, and each half
 // as f32 (vec.inl, accumulate_bf16_pairs): the narrow tiles read bf16 K and

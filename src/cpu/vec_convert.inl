@@ -97,7 +97,16 @@ inline void load_row(const T* src, int64_t stride, int64_t n, int64_t pad, Acc* 
   for (int64_t i = n; i < pad; ++i) dst[i] = Acc(0);
 }
 
+// dst[0, stride, ..., (n-1) * stride] = src[0..n) times mul, converted to T;
+// contiguous bf16 rows a vector at a time, with the same bits.
 template <typename T, typename Acc>
 inline void store_row(const Acc* src, int64_t n, T* dst, int64_t stride, Acc mul) {
-  for (int64_t i = 0; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
+  int64_t i = 0;
+#if FG_VEC_STORE_BF16
+  if constexpr (std::is_same<T, bf16_t>::value && std::is_same<Acc, float>::value) {
+    const VecF m = vbroadcast(mul);
+    for (; stride == 1 && i + kLanes <= n; i += kLanes) vstore_bf16(&dst[i].bits, vmul(vload(src + i), m));
+  }
+#endif
+  for (; i < n; ++i) dst[i * stride] = from_acc<T>(src[i] * mul);
 }
