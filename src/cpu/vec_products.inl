@@ -90,7 +90,7 @@ inline void prefetch_l2(const char* p) {
 #endif
 }
 
-// Asks for one cache line in L1 (and L2). On Zen 5, rows of a task that
+// Asks for one cache line in L1 (and L2). On Zen 4, rows of a task that
 // follows were asked for in vain with prefetcht1 (tuning table: next
 // task's rows).
 inline void prefetch_l1(const char* p) {
