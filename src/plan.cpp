@@ -35,6 +35,7 @@ std::string Plan::describe() const {
   s << ", block_q " << block_q << ", block_k " << block_k;
   if (splits > 1) s << ", " << splits << " key splits";
   if (key_chunks > 1) s << ", " << key_chunks << " key chunks";
+  if (key_group > 1) s << ", key blocks in groups of " << key_group;
   if (*dq_sums) s << ", dQ sums in " << dq_sums;
   s << ", " << threads << (threads == 1 ? " thread" : " threads");
   if (!thread_runner.empty() && thread_runner != "flashgrad") s << " on " << thread_runner;
@@ -100,6 +101,7 @@ Plan explain_backward(const Options& opts, const TensorView& q, const TensorView
   Plan plan = common(kt, p, t, true);
   plan.backward_path = t.fused ? BackwardPath::single_pass : BackwardPath::two_pass;
   plan.key_chunks = t.fused ? t.key_chunks : 1;
+  plan.key_group = t.key_group;
   if (t.fused && t.key_chunks == 1)
     plan.dq_sums = t.dq_sums == DqSums::in_dq ? "dq" : t.dq_sums == DqSums::split_dq ? "split dq" : "workspace";
   plan.kernel = kernel_name("bwd", p, kt, path_name(plan.backward_path), t);

@@ -197,6 +197,49 @@ DqSums dq_sums(const AttnParams& p, int64_t sums_bytes) {
   return DqSums::workspace;
 }
 
+// Whether the backward takes the single pass (TilePlan::fused) and in how
+// many key runs; returns where its dQ sums would be kept.
+DqSums choose_single_pass(const AttnParams& p, TilePlan& t) {
+  const int64_t bk = t.block_k;
+  // Single pass when every thread gets whole (batch, K/V head) tasks and the
+  // threads' f32 dQ sums stay within kFusedBytes, unless dq holds them;
+  // dbias needs the dQ pass's ownership of its rows (tuning table:
+  // kFusedBytes).
+  constexpr int64_t kFusedBytes = int64_t{48} << 20;
+  const int64_t tasks = p.batch * p.heads_kv;
+  const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
+  // A single (batch, K/V head) pair (MQA at batch 1) cuts its keys into
+  // runs: a power of two of them (thread counts mostly are), at most
+  // kRuns and as many as let the runs' dQ partials (each the size of dQ in
+  // f32) fit in kFusedBytes; from the shapes alone, so that the thread
+  // count does not change the sums. Two or more pairs keep whole runs
+  // (tuning table: kRuns).
+  constexpr int64_t kRuns = 8;
+  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
+  const int64_t part_bytes = sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
+  if (!p.dbias.data && tasks == 1) {
+    const int64_t most = std::min({kRuns, nkb, kFusedBytes / std::max<int64_t>(part_bytes, 1)});
+    while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
+  }
+  const DqSums sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
+  // bf16 storage counts its sums whatever dq's dtype, as the workspace query sees no dq.
+  const bool dq_holds = sums == DqSums::in_dq && p.dtype != DType::bf16;
+  const int64_t sums_bytes = dq_holds ? 0 : sat_mul(dq_elems, t.acc_bytes);
+  t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul(sums_bytes, t.threads) <= kFusedBytes &&
+                                                   (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
+  return sums;
+}
+
+// Key blocks a single pass's query block meets in turn, no more than a key
+// run has (tuning table: kKeyGroup). The results do not depend on it.
+int64_t key_group(const AttnParams& p, const TilePlan& t) {
+  constexpr int64_t kKeyGroup = 4;
+  static_assert(kKeyGroup <= kMaxKeyGroup, "stack buffers of backward_keys");
+  if (!t.fused || windowed(p)) return 1;
+  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), t.block_k);
+  return std::min(kKeyGroup, ceil_div(nkb, t.key_chunks));
+}
+
 }  // namespace
 
 TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
@@ -231,16 +274,21 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   const int64_t bq = t.block_q, bk = t.block_k;
   const int64_t bkp = t.bk_pad;
   t.bk_ld = tile_ld(bkp);
+  // A key block's tiles and accumulators first, key_group slots of them.
   g.k = c.take(bkp * t.dqk_pad);
   g.kt = c.take(t.dqk_pad * t.bk_ld);
   g.vt = c.take(t.dv_pad * t.bk_ld);
+  g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
+  g.acc_b = c.take(bk * t.dv_pad);
+  g.key_slot = c.at;
+  const DqSums sums = choose_single_pass(p, t);
+  t.key_group = key_group(p, t);
+  c.take(sat_mul(t.key_group - 1, g.key_slot));
   g.q = c.take(bq * t.dqk_pad);
   g.dout = c.take(bq * t.dv_pad);
   g.s = c.take(bq * t.bk_ld);
   g.dp = c.take(bq * t.bk_ld);
   g.t = c.take(bq * t.bk_ld);
-  g.acc_a = c.take(std::max(bk, bq) * t.dqk_pad);
-  g.acc_b = c.take(bk * t.dv_pad);
   g.tmp = c.take(std::max(bkp, bq) * std::max(t.dqk_pad, t.dv_pad));
   g.row_a = c.take(bq);
   g.row_b = c.take(bq);
@@ -252,33 +300,8 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     g.dout_pairs = c.take(bq_pairs * t.dv_pad / 2);
     g.pairs = c.take(bq_pairs * t.bk_ld);
   }
-  // Single pass when every thread gets whole (batch, K/V head) tasks and the
-  // threads' f32 dQ sums stay within kFusedBytes, unless dq holds them;
-  // dbias needs the dQ pass's ownership of its rows (tuning table:
-  // kFusedBytes).
-  constexpr int64_t kFusedBytes = int64_t{48} << 20;
-  const int64_t tasks = p.batch * p.heads_kv;
-  const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
-  // A single (batch, K/V head) pair (MQA at batch 1) cuts its keys into
-  // runs: a power of two of them (thread counts mostly are), at most
-  // kRuns and as many as let the runs' dQ partials (each the size of dQ in
-  // f32) fit in kFusedBytes; from the shapes alone, so that the thread
-  // count does not change the sums. Two or more pairs keep whole runs
-  // (tuning table: kRuns).
-  constexpr int64_t kRuns = 8;
-  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
-  const int64_t part_bytes = sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
-  if (!p.dbias.data && tasks == 1) {
-    const int64_t most = std::min({kRuns, nkb, kFusedBytes / std::max<int64_t>(part_bytes, 1)});
-    while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
-  }
-  const DqSums sums = dq_sums(p, sat_mul(dq_elems, t.acc_bytes));
-  // bf16 storage counts its sums whatever dq's dtype, as the workspace query sees no dq.
-  const bool dq_holds = sums == DqSums::in_dq && p.dtype != DType::bf16;
-  const int64_t sums_bytes = dq_holds ? 0 : sat_mul(dq_elems, t.acc_bytes);
-  t.fused = !p.dbias.data && (t.key_chunks > 1 || (sat_mul(sums_bytes, t.threads) <= kFusedBytes &&
-                                                   (tasks % t.threads == 0 || tasks >= 4 * t.threads)));
   if (t.fused && t.key_chunks == 1) {
+    const int64_t dq_elems = sat_mul({p.heads_q / std::max<int64_t>(p.heads_kv, 1), p.seqlen_q, t.dqk_pad});
     t.dq_sums = sums;
     if (t.dq_sums == DqSums::workspace) g.dq_acc = c.take(dq_elems);
     else if (p.dtype == DType::bf16) g.dq_acc = c.take(ceil_div(dq_elems * 2, t.acc_bytes));
@@ -286,6 +309,7 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   }
   // Held q and dO pairs pay from 4 key blocks on (tuning table:
   // kHeldQueryBytes).
+  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
   if (t.fused && pairs && ceil_div(nkb, t.key_chunks) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);
@@ -300,7 +324,8 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, t.block_q);
   t.shared_bytes = round_up(rows * t.acc_bytes, kAlign) + round_up(blocks * 8, kAlign);
-  if (t.key_chunks > 1) t.shared_bytes += sat_mul(t.key_chunks, part_bytes);
+  if (t.key_chunks > 1)
+    t.shared_bytes += sat_mul({t.key_chunks, p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
   return t;
 }
 

@@ -14,6 +14,7 @@ namespace flashgrad {
 constexpr int64_t kPad = 32;
 constexpr int64_t kAlign = 64;  // bytes
 constexpr int64_t kMaxBlockK = 256; // upper bound of TilePlan::block_k (stack buffers)
+constexpr int64_t kMaxKeyGroup = 8;  // upper bound of TilePlan::key_group (stack buffers)
 // Per thread, at most this many bytes of tiles kept as pair products read
 // them: the forward's K/V tiles (ForwardScratch::pair_tiles), and the
 // single-pass backward's q and dO blocks (BackwardScratch::held_q), which
@@ -61,6 +62,8 @@ struct BackwardScratch {
   // dout_pairs hold a query block's q and dO as bf16 pairs [bq, d / 2],
   // pairs P and dS as pairs of query rows, [bq / 2, bk_ld] each.
   int64_t k, kt, vt, q, dout, s, dp, t, acc_a, acc_b, tmp, row_a, row_b, row_lo, row_hi, total;
+  // k, kt, vt, acc_a and acc_b of key block x of a key group (TilePlan::key_group) lie x * key_slot further.
+  int64_t key_slot = 0;
   int64_t q_pairs = 0, dout_pairs = 0, pairs = 0;  // pair-product plans only
   // Fused only: dq_acc, the group's dQ sums [heads_q / heads_kv, seqlen_q,
   // dqk_pad] (DqSums::workspace) or, with bf16 storage, their lower halves
@@ -126,6 +129,7 @@ struct TilePlan {
   bool fused = false;     ///< backward: single pass (backward.inl)
   int64_t key_chunks = 1; ///< backward, single pass: key runs per (batch, K/V head), dQ partials in the shared region
   DqSums dq_sums = DqSums::workspace;  ///< backward, single pass with one key run
+  int64_t key_group = 1;  ///< backward, single pass: key blocks each query block meets in turn (kMaxKeyGroup at most)
   ForwardScratch fwd{};
   BackwardScratch bwd{};
   int64_t per_thread_bytes = 0;  ///< one thread's slice, aligned

@@ -93,6 +93,25 @@ TEST(Determinism, VarlenF16) {
   expect_deterministic(c);
 }
 
+// The single pass meets each query block with up to 4 key blocks in turn
+// (TilePlan::key_group); the two-pass form takes one key block at a time.
+// 1500 keys make 6 key blocks of 256 (groups of 4 and 2) and, under the
+// causal mask with 300 rows, groups whose blocks some query blocks skip.
+// 8 tasks: 1 and 2 threads take the single pass, 3 the two-pass form.
+TEST(Determinism, KeyGroupsChangeNoBits) {
+  Case c = multi_block();
+  c.heads_q = 8;
+  c.heads_kv = 4;
+  c.seqlen_q = 300;
+  c.seqlen_k = 1500;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool causal : {false, true}) {
+      c.dtype = dtype;
+      c.causal = causal;
+      expect_deterministic(c);
+    }
+}
+
 // The single pass keeps its dQ sums in the workspace, in dq itself (f32,
 // f64; rows that are strided or padded pass through a staging block) or
 // split between bf16 dq and the workspace (TilePlan::dq_sums); here, with

@@ -122,6 +122,28 @@ TEST(Plan, BackwardTakesOnePassUntilItsDqSumsOutgrowTheirCap) {
   EXPECT_EQ(in_dq.backward_path, flashgrad::BackwardPath::single_pass) << in_dq.describe();
 }
 
+// 2048 keys make 8 or 16 key blocks: the single pass meets each query
+// block with 4 of them in turn; a window keeps one, the two-pass form too.
+TEST(Plan, SinglePassGroupsItsKeyBlocks) {
+  flashgrad::Options o;
+  o.num_threads = 2;
+  Shape s;
+  Views v = views(s);
+  const flashgrad::Plan grouped = flashgrad::explain_backward(o, v.q, v.k, v.v);
+  ASSERT_EQ(grouped.backward_path, flashgrad::BackwardPath::single_pass) << grouped.describe();
+  EXPECT_EQ(grouped.key_group, 4) << grouped.describe();
+  EXPECT_NE(grouped.describe().find(", key blocks in groups of 4"), std::string::npos) << grouped.describe();
+  o.window_left = 256;
+  const flashgrad::Plan window = flashgrad::explain_backward(o, v.q, v.k, v.v);
+  EXPECT_EQ(window.key_group, 1) << window.describe();
+  EXPECT_EQ(window.describe().find("groups of"), std::string::npos) << window.describe();
+  o.window_left = -1;
+  o.num_threads = 3;  // 8 tasks on 3 threads: the two-pass form
+  const flashgrad::Plan two = flashgrad::explain_backward(o, v.q, v.k, v.v);
+  ASSERT_EQ(two.backward_path, flashgrad::BackwardPath::two_pass) << two.describe();
+  EXPECT_EQ(two.key_group, 1) << two.describe();
+}
+
 TEST(Plan, SinglePassSaysWhereItKeepsItsDqSums) {
   flashgrad::Options o;
   o.num_threads = 2;

@@ -187,6 +187,7 @@ struct Plan {
   int64_t block_q = 0, block_k = 0;   ///< query rows and keys per tile
   int64_t splits = 1;                 ///< forward: key runs merged at the end (split keys)
   int64_t key_chunks = 1;             ///< single-pass backward: key runs per (batch, K/V head)
+  int64_t key_group = 1;              ///< single-pass backward: key blocks each query block meets in turn
   // Single-pass backward with one key run: where its f32 dQ sums are kept,
   // "workspace", "dq" (in dq itself, f32 and f64) or "split dq" (bf16: dq
   // holds each sum's upper half, the workspace its lower); the same bits

@@ -1,12 +1,13 @@
 // Backward in three named phases, as in FlashAttention-2:
 //   compute_delta   delta_i = rowsum(dout_i * out_i)          task: (b, h, query block)
-//   backward_dkdv   dK, dV for a key block, summed over the     task: (b, kv head, key block)
+//   backward_keys   dK, dV for a key block, summed over the     task: (b, kv head, key block)
 //                   query heads of its group; each task owns its rows, no atomics
 //   backward_dq     dQ for a query block (and dbias rows)       task: (b, h, query block)
 // Scores are recomputed per tile from lse: P = exp(S - lse).
 // When there are enough (batch, K/V head) pairs to occupy the threads, the
 // last two phases fuse (TilePlan::fused, backward_fused): the dK/dV walk also
-// adds dS K into a dQ accumulator, 5 tile products per tile pair instead of 7.
+// adds dS K into a dQ accumulator, 5 tile products per tile pair instead of 7,
+// and meets each query block with TilePlan::key_group key blocks in turn.
 // Both forms add the same dS K tiles to dQ in the same key order, so their
 // results are bitwise identical and the choice may depend on the thread count.
 // A call with a single (batch, K/V head) pair (MQA at batch 1), which
@@ -120,47 +121,90 @@ void store_key_block(const AttnParams& p, const TilePlan& plan, const KeyBlock<A
   }
 }
 
-// dq_sums, when given (the single pass), receives dS K for every query row
-// of the group.
-template <typename T, typename Acc, typename Bwd>
-void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kblk,
-                   const Acc* delta_all, Slice<Acc> ws, Bwd& bwd, GroupDq<Acc>* dq_sums = nullptr) {
-  const int64_t lk = p.len_k(b), j0 = kblk * plan.block_k;
-  if (j0 >= lk) return;
-  const int64_t nj = std::min(plan.block_k, lk - j0), k0 = p.k_start(b) + j0;
-  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad;
+// Key block kblk of (b, hk) in workspace slot x of TilePlan::key_group.
+template <typename Acc>
+KeyBlock<Acc> key_block(const AttnParams& p, const TilePlan& plan, Slice<Acc> ws, int64_t b, int64_t hk,
+                        int64_t kblk, int64_t x) {
+  const int64_t j0 = kblk * plan.block_k, nj = std::min(plan.block_k, p.len_k(b) - j0), o = x * plan.bwd.key_slot;
   const auto& L = plan.bwd;
-  const KeyBlock<Acc> kb{b,           hk,          j0,         nj,         k0,
-                         ws.at(L.kt), ws.at(L.vt), ws.at(L.s), ws.at(L.dp), ws.at(L.t),
-                         ws.at(L.k),  ws.at(L.acc_a), ws.at(L.acc_b), ws.at(L.tmp)};
-  const StepTiles<Acc> step = kb.step();
-  Acc *s = kb.s, *dp = kb.dp, *dk = kb.dk, *dv = kb.dv, *tmp = kb.tmp, *k = kb.k;
-  load_key_block<T>(p, plan, kb, bwd, dq_sums != nullptr);
+  return KeyBlock<Acc>{b,           hk,          j0,         nj,          p.k_start(b) + j0,
+                       ws.at(L.kt + o), ws.at(L.vt + o), ws.at(L.s), ws.at(L.dp), ws.at(L.t),
+                       ws.at(L.k + o),  ws.at(L.acc_a + o), ws.at(L.acc_b + o), ws.at(L.tmp)};
+}
 
+// One query block's step against key block kb: dV += P^T dO and dK += dS^T
+// Q over the keys it sees and, into dq_rows (row stride ld) when given,
+// dQ += dS K.
+template <typename Acc, typename Bwd>
+void key_step(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx, const QueryBlock<Acc>& qb,
+              const KeyBlock<Acc>& kb, TileKind kind, Bwd& bwd, Acc* dq_rows, int64_t ld) {
+  const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad;
+  Acc *s = kb.s, *dp = kb.dp, *tmp = kb.tmp;
+  const KeySpan ks = seen_keys(qb, kb.j0, kb.nj, kind);
+  tile_grad(p, plan, ctx, qb, bwd, kb.step(), ks, nullptr);
+  if constexpr (Bwd::kPairs) {
+    bwd.dk_dv(plan, qb, ks.a, round_up(ks.w, kPad), s, dp, kb.dk, kb.dv);
+  } else {
+    gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, kb.dv + ks.a * ldv, ldv, nullptr, tmp);
+    gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, kb.dk + ks.a * ldq, ldq, nullptr, tmp);
+  }
+  if (!dq_rows) return;
+  if constexpr (Bwd::kPairs)
+    bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, kb.k, dq_rows, ld);
+  else
+    gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, kb.k + ks.a * ldq, ldq, dq_rows, ld, nullptr, tmp);
+}
+
+// dK and dV of key blocks [kb0, kb0 + n) of (b, hk), n <= TilePlan::key_group,
+// summed over the query heads of the group; dq_sums, when given (the single
+// pass), receives dS K for every query row of the group. Each query block
+// meets the n key blocks in turn, so that its q, dO and dQ rows are loaded
+// once for all of them; every dK, dV and dQ sum still adds its terms in
+// the order of one key block at a time (heads, then query blocks; keys in
+// order), so the results do not depend on n.
+template <typename T, typename Acc, typename Bwd>
+void backward_keys(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t hk, int64_t kb0, int64_t n,
+                   const Acc* delta_all, Slice<Acc> ws, Bwd& bwd, GroupDq<Acc>* dq_sums = nullptr) {
+  FG_DASSERT(n >= 1 && n <= plan.key_group && n <= kMaxKeyGroup);
   const int64_t group = p.heads_q / p.heads_kv;
+  const auto& L = plan.bwd;
+  KeyBlock<Acc> kbs[kMaxKeyGroup];
+  int64_t m = 0, first = p.seqlen_q, last = -1;
+  for (; m < n && (kb0 + m) * plan.block_k < p.len_k(b); ++m) {
+    kbs[m] = key_block(p, plan, ws, b, hk, kb0 + m, m);
+    load_key_block<T>(p, plan, kbs[m], bwd, dq_sums != nullptr);
+    // Only the query blocks whose causal and window ranges can reach the
+    // key blocks (the same for every head), so that a narrow window's work
+    // does not grow with the sequence's length.
+    int64_t f = 0, l = 0;
+    HeadCtx<Acc>(p, b, hk * group).rows_seeing(kbs[m].j0, kbs[m].nj, f, l);
+    first = std::min(first, f), last = std::max(last, l);
+  }
+  if (m == 0) return;
+  first = first / plan.block_q * plan.block_q;
+  const int64_t j0 = kbs[0].j0, nj = kbs[m - 1].j0 + kbs[m - 1].nj - j0;
   // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
   const auto slot_of = [&](int64_t hq, int64_t iq) {
     const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
     return dq_sums && x < L.held_slots ? x : int64_t{-1};
   };
   uint8_t* ready = reinterpret_cast<uint8_t*>(ws.at(L.held_ready));
-  // Only the query blocks whose causal and window ranges can reach the key
-  // block (the same for every head), so that a narrow window's work does
-  // not grow with the sequence's length.
-  int64_t first = 0, last = 0;
-  HeadCtx<Acc>(p, b, hk * group).rows_seeing(j0, nj, first, last);
-  first = first / plan.block_q * plan.block_q;
+  TileKind kinds[kMaxKeyGroup];
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const HeadCtx<Acc> ctx(p, b, h);
     for (int64_t i0 = first; i0 <= last; i0 += plan.block_q) {
       QueryBlock<Acc> qb = query_block_buffers(plan, ws, i0, std::min(plan.block_q, ctx.lq - i0));
       row_ranges(ctx, qb);
-      const TileKind kind = ctx.classify(qb.mq, qb.lo, qb.hi, j0, nj);
-      if (kind == TileKind::skip) continue;
+      bool any = false;
+      for (int64_t x = 0; x < m; ++x) {
+        kinds[x] = ctx.classify(qb.mq, qb.lo, qb.hi, kbs[x].j0, kbs[x].nj);
+        any = any || kinds[x] != TileKind::skip;
+      }
+      if (!any) continue;
       load_query_block<T>(p, plan, ctx, delta_all, qb, !Bwd::kPairs);
       if constexpr (Bwd::kPairs) {
         const int64_t x = slot_of(h, i0);
-        bwd.load_q(p, plan, ctx, qb, true, tmp, x >= 0 ? ws.at(L.held_q) + x * L.held_slot : nullptr,
+        bwd.load_q(p, plan, ctx, qb, true, kbs[0].tmp, x >= 0 ? ws.at(L.held_q) + x * L.held_slot : nullptr,
                    x >= 0 && ready[x]);
         if (x >= 0) ready[x] = 1;
       }
@@ -181,26 +225,15 @@ void backward_dkdv(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         if (hn == h) ctx.prefetch_inputs(in, mn, j0, nj);
         else HeadCtx<Acc>(p, b, hn).prefetch_inputs(in, mn, j0, nj);
       }
-      const KeySpan ks = seen_keys(qb, j0, nj, kind);
-      tile_grad(p, plan, ctx, qb, bwd, step, ks, nullptr);
-      if constexpr (Bwd::kPairs) {
-        bwd.dk_dv(plan, qb, ks.a, round_up(ks.w, kPad), s, dp, dk, dv);
-      } else {  // dV += P^T dO, dK += dS^T Q over the seen keys' rows
-        gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, dv + ks.a * ldv, ldv, nullptr, tmp);
-        gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, dk + ks.a * ldq, ldq, nullptr, tmp);
-      }
-      if (!dq_sums) continue;
       const int64_t g = h - hk * group;
       int64_t ld = 0;
-      Acc* dq_rows = dq_sums->open(g, i0, qb.mq, &ld);
-      if constexpr (Bwd::kPairs)
-        bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, k, dq_rows, ld);
-      else  // dQ += dS K
-        gemm_nn_acc(qb.mq, ldq, ks.w, dp, plan.bk_ld, 1, k + ks.a * ldq, ldq, dq_rows, ld, nullptr, tmp);
-      dq_sums->close(g, i0, qb.mq);
+      Acc* dq_rows = dq_sums ? dq_sums->open(g, i0, qb.mq, &ld) : nullptr;
+      for (int64_t x = 0; x < m; ++x)
+        if (kinds[x] != TileKind::skip) key_step(p, plan, ctx, qb, kbs[x], kinds[x], bwd, dq_rows, ld);
+      if (dq_sums) dq_sums->close(g, i0, qb.mq);
     }
   }
-  store_key_block<T, Acc, Bwd>(p, plan, kb);
+  for (int64_t x = 0; x < m; ++x) store_key_block<T, Acc, Bwd>(p, plan, kbs[x]);
 }
 
 template <typename T, typename Acc, typename Bwd>
@@ -296,8 +329,8 @@ void backward_fused(const AttnParams& p, const TilePlan& plan, int64_t b, int64_
   dq.zero();
   std::memset(ws.at(plan.bwd.held_ready), 0, static_cast<size_t>(plan.bwd.held_slots));
   const int64_t k_end = kb1 < 0 ? ceil_div(p.len_k(b), plan.block_k) : kb1;
-  for (int64_t kblk = kb0; kblk < k_end; ++kblk)
-    backward_dkdv<T, Acc>(p, plan, b, hk, kblk, delta_all, ws, bwd, &dq);
+  for (int64_t kblk = kb0; kblk < k_end; kblk += plan.key_group)
+    backward_keys<T, Acc>(p, plan, b, hk, kblk, std::min(plan.key_group, k_end - kblk), delta_all, ws, bwd, &dq);
   if (!part) dq.template finish<T>();
 }
 
@@ -362,7 +395,7 @@ void backward_impl(const AttnParams& p, const TilePlan& plan, void* workspace) {
       const int64_t b = task / nkb / p.heads_kv, hk = task / nkb % p.heads_kv;
       const Slice<Acc> ws{base + thread * per_thread};
       Bwd bwd(plan, ws);
-      backward_dkdv<T, Acc>(p, plan, b, hk, task % nkb, delta, ws, bwd);
+      backward_keys<T, Acc>(p, plan, b, hk, task % nkb, 1, delta, ws, bwd);
     });
   }
   // A dbias broadcast over batch or heads sums over them: one task then owns
