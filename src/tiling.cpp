@@ -248,11 +248,10 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   choose_blocks(p, t);
   // Wider key tiles cut the Q and dO loads per FLOP of the dK/dV walk: 256
   // keys, causal too, since partial tiles run their products only over the
-  // keys some row sees (seen_keys). bf16 pairs from 1024 to 2048 keys take
-  // 128 (tuning table: backward block_k).
-  const bool pair_keys128 = pairs && p.seqlen_k >= 1024 && p.seqlen_k <= 2048;
+  // keys some row sees (seen_keys); 128 under a window (tuning table:
+  // backward block_k).
   if (std::max(p.head_dim, p.head_dim_v) <= 128) {
-    t.block_k = windowed(p) || pair_keys128 ? 128 : 256;
+    t.block_k = windowed(p) ? 128 : 256;
     t.bk_pad = t.block_k;
     // AMX's dK/dV products load and store their accumulator tiles once
     // per query block: 128 rows halve that (tuning table: backward block_q).
