@@ -116,6 +116,24 @@ struct ScoreCols {
   void mask(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
     const int64_t n = std::min(cols, rows);
     int64_t c = 0;
+#if FG_MASK_BITS16
+    if constexpr (std::is_same<Acc, float>::value) {
+      static_assert(kLanes == 16, "a keep mask of 16 bits covers one vector");
+      for (; mask_cs == 1 && c + kLanes <= n; c += kLanes) {
+        int64_t j = 0;
+        for (uint16_t keep[8]; j + 8 <= nj; j += 8) {
+          mask_bits16(mrow + c, key0 + j, keep);
+          for (int64_t t = 0; t < 8; ++t) {
+            Acc* row = st + (j + t) * ld + c;
+            vstore(row, vkeep_or_neg_inf(vload(row), keep[t]));
+          }
+        }
+        for (; j < nj; ++j)
+          for (int64_t x = 0; x < kLanes; ++x)
+            st[j * ld + c + x] = keep_or_neg_inf(st[j * ld + c + x], mrow[c + x][key0 + j] != 0);
+      }
+    }
+#endif
     uint8_t keep[kBiasPanel * kBiasKeys];
     for (; mask_cs == 1 && c + kBiasPanel <= n; c += kBiasPanel)
       for (int64_t j0 = 0; j0 < nj; j0 += kBiasKeys) {

@@ -170,6 +170,24 @@ inline void transpose_regs(VecF (&r)[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
+// A boolean mask's bytes at keys [key, key + 8) of 16 rows (each readable
+// there) as 8 keep masks, bit x of keep[t] set where rows[x][key + t] is
+// not 0: two 64-bit gathers in place of 128 byte loads and stores (tuning
+// table: keys-major mask). vkeep_or_neg_inf: lanes whose bit is 0 become -inf.
+#define FG_MASK_BITS16 1
+inline void mask_bits16(const uint8_t* const* rows, int64_t key, uint16_t (&keep)[8]) {
+  const __m512i k = _mm512_set1_epi64(key);
+  const __m512i lo = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_loadu_si512(rows), k), nullptr, 1);
+  const __m512i hi = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_loadu_si512(rows + 8), k), nullptr, 1);
+  for (int t = 0; t < 8; ++t) {
+    const __m512i byte = _mm512_set1_epi64(int64_t{0xff} << (8 * t));
+    keep[t] = static_cast<uint16_t>(_mm512_test_epi64_mask(lo, byte) | (_mm512_test_epi64_mask(hi, byte) << 8));
+  }
+}
+inline VecF vkeep_or_neg_inf(VecF x, uint16_t keep) {
+  return _mm512_mask_blend_ps(keep, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), x);
+}
+
 // dst[c * ldd + r] = src[r * lds + c] for one 16 x 16 block, in registers;
 // S is float, bf16_t or f16_t (vload_as converts).
 constexpr int64_t kTransposeBlock = 16;
