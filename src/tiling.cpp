@@ -230,8 +230,9 @@ DqSums choose_single_pass(const AttnParams& p, TilePlan& t) {
   return sums;
 }
 
-// Key blocks a single pass's query block meets in turn, no more than a key
-// run has (tuning table: kKeyGroup). The results do not depend on it.
+// Key blocks a single pass's query block meets in turn: up to kKeyGroup, no
+// more than a key run has, and one under a window, whose query blocks meet
+// few of them (tuning table: kKeyGroup). The results do not depend on it.
 int64_t key_group(const AttnParams& p, const TilePlan& t) {
   constexpr int64_t kKeyGroup = 4;
   static_assert(kKeyGroup <= kMaxKeyGroup, "stack buffers of backward_keys");

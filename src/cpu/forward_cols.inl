@@ -121,7 +121,8 @@ struct ScoreCols {
       static_assert(kLanes == 16, "a keep mask of 16 bits covers one vector");
       for (; mask_cs == 1 && c + kLanes <= n; c += kLanes) {
         int64_t j = 0;
-        for (uint16_t keep[8]; j + 8 <= nj; j += 8) {
+        uint16_t keep[8];
+        for (; j + 8 <= nj; j += 8) {
           mask_bits16(mrow + c, key0 + j, keep);
           for (int64_t t = 0; t < 8; ++t) {
             Acc* row = st + (j + t) * ld + c;
