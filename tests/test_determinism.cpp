@@ -95,15 +95,18 @@ TEST(Determinism, VarlenF16) {
 
 // The single pass meets each query block with up to 4 key blocks in turn
 // (TilePlan::key_group); the two-pass form takes one key block at a time.
-// 1500 keys make 6 key blocks of 256 (groups of 4 and 2) and, under the
-// causal mask with 300 rows, groups whose blocks some query blocks skip.
-// 8 tasks: 1 and 2 threads take the single pass, 3 the two-pass form.
+// 1100 keys make 5 key blocks of 256 (groups of 4 and 1); under the causal
+// mask with 450 rows, the first query blocks see the group's third block
+// but not its fourth. 8 tasks: 1 and 2 threads take the single pass, 3
+// the two-pass form.
 TEST(Determinism, KeyGroupsChangeNoBits) {
   Case c = multi_block();
-  c.heads_q = 8;
-  c.heads_kv = 4;
-  c.seqlen_q = 300;
-  c.seqlen_k = 1500;
+  c.batch = 4;
+  c.heads_q = 2;
+  c.heads_kv = 2;
+  c.head_dim = c.head_dim_v = 16;
+  c.seqlen_q = 450;
+  c.seqlen_k = 1100;
   for (DType dtype : {DType::f32, DType::bf16})
     for (bool causal : {false, true}) {
       c.dtype = dtype;
