@@ -197,10 +197,17 @@ DqSums dq_sums(const AttnParams& p, int64_t sums_bytes) {
   return DqSums::workspace;
 }
 
+// The backward's key blocks, and one key run's dQ partial (the size of dQ in f32).
+int64_t key_blocks(const AttnParams& p, const TilePlan& t) {
+  return ceil_div(std::max<int64_t>(p.seqlen_k, 1), t.block_k);
+}
+int64_t run_partial_bytes(const AttnParams& p, const TilePlan& t) {
+  return sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
+}
+
 // Whether the backward takes the single pass (TilePlan::fused) and in how
 // many key runs; returns where its dQ sums would be kept.
 DqSums choose_single_pass(const AttnParams& p, TilePlan& t) {
-  const int64_t bk = t.block_k;
   // Single pass when every thread gets whole (batch, K/V head) tasks and the
   // threads' f32 dQ sums stay within kFusedBytes, unless dq holds them;
   // dbias needs the dQ pass's ownership of its rows (tuning table:
@@ -215,8 +222,7 @@ DqSums choose_single_pass(const AttnParams& p, TilePlan& t) {
   // count does not change the sums. Two or more pairs keep whole runs
   // (tuning table: kRuns).
   constexpr int64_t kRuns = 8;
-  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
-  const int64_t part_bytes = sat_mul({p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
+  const int64_t nkb = key_blocks(p, t), part_bytes = run_partial_bytes(p, t);
   if (!p.dbias.data && tasks == 1) {
     const int64_t most = std::min({kRuns, nkb, kFusedBytes / std::max<int64_t>(part_bytes, 1)});
     while (t.key_chunks * 2 <= most) t.key_chunks *= 2;
@@ -237,8 +243,7 @@ int64_t key_group(const AttnParams& p, const TilePlan& t) {
   constexpr int64_t kKeyGroup = 4;
   static_assert(kKeyGroup <= kMaxKeyGroup, "stack buffers of backward_keys");
   if (!t.fused || windowed(p)) return 1;
-  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), t.block_k);
-  return std::min(kKeyGroup, ceil_div(nkb, t.key_chunks));
+  return std::min(kKeyGroup, ceil_div(key_blocks(p, t), t.key_chunks));
 }
 
 }  // namespace
@@ -309,8 +314,7 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   }
   // Held q and dO pairs pay from 4 key blocks on (tuning table:
   // kHeldQueryBytes).
-  const int64_t nkb = ceil_div(std::max<int64_t>(p.seqlen_k, 1), bk);
-  if (t.fused && pairs && ceil_div(nkb, t.key_chunks) >= 4) {
+  if (t.fused && pairs && ceil_div(key_blocks(p, t), t.key_chunks) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);
     const int64_t blocks = sat_mul(p.heads_q / std::max<int64_t>(p.heads_kv, 1), ceil_div(p.seqlen_q, bq));
@@ -325,7 +329,7 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
   const int64_t blocks = p.batch * p.heads_q * ceil_div(p.seqlen_q, t.block_q);
   t.shared_bytes = round_up(rows * t.acc_bytes, kAlign) + round_up(blocks * 8, kAlign);
   if (t.key_chunks > 1)
-    t.shared_bytes += sat_mul({t.key_chunks, p.batch, p.heads_q, p.seqlen_q, t.dqk_pad, t.acc_bytes});
+    t.shared_bytes += sat_mul(t.key_chunks, run_partial_bytes(p, t));
   return t;
 }
 
