@@ -162,16 +162,27 @@ struct ForwardTask {
     prefetch_next = mq >= 32 || (mq <= kInPlaceRows && sizeof(T) == 2);
   }
 
-  // The next task's Q rows and, with kv, its first K/V tile (b, K/V heads
-  // from hk, query block qb, split sp), which the row paths ask for along
-  // this task's last tile (softmax_rows).
-  void aim_after(int64_t nb, int64_t hk, int64_t qb, int64_t sp, bool kv) {
-    const int64_t lo = sp * plan.split_k, i = qb * plan.head_rows;
-    const int64_t keys = std::min({plan.block_k, plan.split_k, p.len_k(nb) - lo});
-    if (keys <= 0 || i >= p.len_q(nb)) return;
-    after = NextTile{p.k_start(nb) + lo, hk, kv ? keys : 0};
+  // The next task's Q rows and its first K/V tile (b, K/V heads from hk,
+  // query block qb, split sp), which the row paths ask for along this
+  // task's last tile (softmax_rows). The tile is asked for only where this
+  // thread has not laid it out already: another unit's, or, under a left
+  // window, one left of this task's keys (blocks run last to first).
+  void aim_after(int64_t nb, int64_t hk, int64_t qb, int64_t sp, bool other_unit) {
+    const int64_t i = qb * plan.head_rows;
+    if (i >= p.len_q(nb)) return;
+    const int64_t first = first_tile(nb, i, sp);
+    const int64_t keys = std::min({plan.block_k, sp * plan.split_k + plan.split_k - first, p.len_k(nb) - first});
+    const bool kv = keys > 0 && (other_unit || first < j_first);
+    after = NextTile{p.k_start(nb) + first, hk, kv ? keys : 0};
     after.b = nb, after.q_seq0 = p.q_start(nb) + i, after.q_h0 = hk * plan.group;
     after.q_heads = plan.group * plan.kv_heads, after.q_rows = std::min(plan.head_rows, p.len_q(nb) - i);
+  }
+  // The first key of the tile (on split sp's grid of block_k keys) that
+  // holds the first key query row i of batch nb sees through a left window.
+  int64_t first_tile(int64_t nb, int64_t i, int64_t sp) const {
+    const int64_t k_first = sp * plan.split_k, wl = p.window_left, ip = i + p.shift(nb);
+    if (wl < 0 || ip - k_first <= wl) return k_first;
+    return k_first + (ip - wl - k_first) / plan.block_k * plan.block_k;
   }
   // Stacked row r of K/V head x (padding rows as the last real one): its
   // query head's context and its row.
