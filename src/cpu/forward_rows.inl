@@ -20,9 +20,11 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
   uint8_t* keep = t.keep;
   Acc *mx_ = t.m + x * ms, *lx = t.l + x * ms, *ax = t.alpha + x * ms;
   // A row of a tile the ranges cut sees no key past hi[r]: its passes
-  // stop at the kPad block that holds it, and its P is 0 beyond.
+  // stop at the block of kCutGrain keys that holds it, and its P is 0
+  // beyond.
+  constexpr int64_t grain = kCutGrain<Tiles>;
   const auto width = [&](int64_t r) {
-    return kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), kPad))
+    return kind == TileKind::partial ? std::min(lds, round_up(std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj), grain))
                                      : lds;
   };
   if (re < 0) re = mq;

@@ -104,6 +104,9 @@ struct AccTiles {
 // tiles' (scale q) . k; with another scale they differ by rounding, so the
 // backward recomputes S on the same dot products (PairBackward<DotProducts>).
 struct Bf16DotTiles {
+  // The grain of a cut tile's columns: one vector of keys (tuning table:
+  // cut tiles' grain).
+  static constexpr int64_t kCutKeys = 16;
   Bf16DotTiles(const AttnParams&, int64_t) {}
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad / 2; }
   // Row seq of head h of a bf16 operand (n elements) as ld pairs.
@@ -169,10 +172,12 @@ struct Bf16DotTiles {
   }
   // qk and pv for a tile the ranges cut: each block of kPairMr rows takes
   // the products only over the keys its rows see, from the first key one of
-  // them sees (rounded down to 32) to the last (lo, hi: each row's first and
-  // last visible key), since the softmax sets every score outside a row's
-  // range to -inf without reading it and leaves P zero there. A causal
-  // diagonal tile then costs about half, and a window's left edge likewise.
+  // them sees (rounded down to kCutKeys) to the last (lo, hi: each row's
+  // first and last visible key), since the softmax sets every score outside
+  // a row's range to -inf without reading it and leaves P zero there. A
+  // causal diagonal tile then costs about half, and a window's left edge
+  // likewise. The softmax's passes over such a row stop at a multiple of
+  // kCutKeys too (softmax_rows).
   static int64_t keys_seen(const int64_t* hi, int64_t r0, int64_t r1, int64_t j0, int64_t nj) {
     int64_t n = 0;
     for (int64_t r = r0; r < r1; ++r) n = std::max(n, std::clamp<int64_t>(hi[r] - j0 + 1, 0, nj));
@@ -182,14 +187,14 @@ struct Bf16DotTiles {
     int64_t f = nj;
     for (int64_t r = r0; r < r1; ++r)
       if (lo[r] <= hi[r] && hi[r] >= j0) f = std::min(f, std::clamp<int64_t>(lo[r] - j0, 0, nj));
-    return f / 32 * 32;
+    return f / kCutKeys * kCutKeys;
   }
   static void qk_cut(const TilePlan& plan, int64_t mq, int64_t d, const float* q, const float* kt, float scale,
                      float* s, const int64_t* lo, const int64_t* hi, int64_t j0, int64_t nj) {
     const int64_t ldq = plan.dqk_pad / 2, lds = plan.bk_pad;
     for (int64_t i = 0; i < mq; i += kPairMr) {
       const int64_t rows = std::min(kPairMr, mq - i);
-      const int64_t n = round_up(keys_seen(hi, i, i + rows, j0, nj), 32);
+      const int64_t n = round_up(keys_seen(hi, i, i + rows, j0, nj), kCutKeys);
       const int64_t f = std::min(n, keys_first(lo, hi, i, i + rows, j0, nj));
       gemm_bf16(rows, n - f, (d + 1) / 2, reinterpret_cast<const uint32_t*>(q + i * ldq), ldq,
                 reinterpret_cast<const uint32_t*>(kt) + f, lds, s + i * lds + f, lds, scale);
@@ -227,6 +232,15 @@ constexpr bool kDotTiles = false;
 #if FG_BF16_DOT
 template <>
 constexpr bool kDotTiles<Bf16DotTiles> = true;
+#endif
+
+// The grain, in keys, at which the row paths' softmax stops a row of a tile
+// the ranges cut: where Tiles' products stop it.
+template <typename Tiles>
+constexpr int64_t kCutGrain = kPad;
+#if FG_BF16_DOT
+template <>
+constexpr int64_t kCutGrain<Bf16DotTiles> = Bf16DotTiles::kCutKeys;
 #endif
 
 template <typename Tiles>

@@ -350,25 +350,26 @@ inline void gemm_bf16_block(int64_t kp, const uint32_t* a, int64_t lda, const ui
   }
 }
 
-// 64-column blocks, then a 32-column one.
+// 64-column blocks, then a 32-column one and a 16-column one.
 template <PairEpi E, int Mr>
 inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
                            float* c, int64_t ldc, __m512 mul, const float* row_scale) {
   int64_t j = 0;
   for (; j + 64 <= n; j += 64) gemm_bf16_block<E, Mr, 4>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
-  if (j < n) gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
+  if (j + 32 <= n) gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale), j += 32;
+  if (j < n) gemm_bf16_block<E, Mr, 1>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
 }
 
 // Tuning table: kPairMr.
 constexpr int64_t kPairMr = 6;  // gemm_bf16's rows per register block
 
-// n a multiple of 32. Blocks of 6 rows x 64 columns (24 accumulators, 10
+// n a multiple of 16. Blocks of 6 rows x 64 columns (24 accumulators, 10
 // loads per 24 dot products where 12 x 32 took 14). row_scale: [m], for
 // PairEpi::rescale only.
 template <PairEpi E>
 inline void gemm_bf16_epi(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                           int64_t ldb, float* c, int64_t ldc, float mul, const float* row_scale) {
-  FG_DASSERT(n % 32 == 0);
+  FG_DASSERT(n % 16 == 0);
   FG_DASSERT(E != PairEpi::rescale || row_scale);
   const __m512 mv = _mm512_set1_ps(mul);
   int64_t i = 0;
