@@ -103,6 +103,10 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   const auto load = [&](Acc* kt_dst, Acc* v_dst) {
     tiles.load_kv(p, plan, t.b, k0 + j0, hk, nj, kt_dst, v_dst, t.stage);
   };
+  // This tile's bias and mask strips once more before its products: those
+  // asked for along the tile before were often gone from L2 by now.
+  if (p.bias.data || p.mask.data)
+    for (int64_t r = 0; r < mq; ++r) t.head_of(x, r).prefetch_inputs(t.row_of(r), 1, j0, nj);
   if (Acc* held = cache.get(x, (j0 - k_lo) / plan.block_k, kt_elems, load))
     ktx = held, vx = held + kt_elems;
   else
