@@ -171,7 +171,7 @@ struct ForwardTask {
     const int64_t i = qb * plan.head_rows;
     if (i >= p.len_q(nb)) return;
     const int64_t first = first_tile(nb, i, sp);
-    const int64_t keys = std::min({plan.block_k, sp * plan.split_k + plan.split_k - first, p.len_k(nb) - first});
+    const int64_t keys = std::min({plan.block_k, (sp + 1) * plan.split_k - first, p.len_k(nb) - first});
     const bool kv = keys > 0 && (other_unit || first < j_first);
     after = NextTile{p.k_start(nb) + first, hk, kv ? keys : 0};
     after.b = nb, after.q_seq0 = p.q_start(nb) + i, after.q_h0 = hk * plan.group;

@@ -105,7 +105,7 @@ struct AccTiles {
 // backward recomputes S on the same dot products (PairBackward<DotProducts>).
 struct Bf16DotTiles {
   // The grain of a cut tile's columns: one vector of keys (tuning table:
-  // cut tiles' grain).
+  // kCutKeys).
   static constexpr int64_t kCutKeys = 16;
   Bf16DotTiles(const AttnParams&, int64_t) {}
   static int64_t q_ld(const TilePlan& plan) { return plan.dqk_pad / 2; }

@@ -356,7 +356,10 @@ inline void gemm_bf16_rows(int64_t n, int64_t kp, const uint32_t* a, int64_t lda
                            float* c, int64_t ldc, __m512 mul, const float* row_scale) {
   int64_t j = 0;
   for (; j + 64 <= n; j += 64) gemm_bf16_block<E, Mr, 4>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
-  if (j + 32 <= n) gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale), j += 32;
+  if (j + 32 <= n) {
+    gemm_bf16_block<E, Mr, 2>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
+    j += 32;
+  }
   if (j < n) gemm_bf16_block<E, Mr, 1>(kp, a, lda, b + j, ldb, c + j, ldc, mul, row_scale);
 }
 
