@@ -170,7 +170,7 @@ struct ForwardTask {
   void aim_after(int64_t nb, int64_t hk, int64_t qb, int64_t sp, bool other_unit) {
     const int64_t i = qb * plan.head_rows;
     if (i >= p.len_q(nb)) return;
-    const int64_t first = first_tile(nb, i, sp);
+    const int64_t first = first_tile(nb, hk * plan.group, i, sp);
     const int64_t keys = std::min({plan.block_k, (sp + 1) * plan.split_k - first, p.len_k(nb) - first});
     const bool kv = keys > 0 && (other_unit || first < j_first);
     after = NextTile{p.k_start(nb) + first, hk, kv ? keys : 0};
@@ -178,11 +178,12 @@ struct ForwardTask {
     after.q_heads = plan.group * plan.kv_heads, after.q_rows = std::min(plan.head_rows, p.len_q(nb) - i);
   }
   // The first key of the tile (on split sp's grid of block_k keys) that
-  // holds the first key query row i of batch nb sees through a left window.
-  int64_t first_tile(int64_t nb, int64_t i, int64_t sp) const {
-    const int64_t k_first = sp * plan.split_k, wl = p.window_left, ip = i + p.shift(nb);
-    if (wl < 0 || ip - k_first <= wl) return k_first;
-    return k_first + (ip - wl - k_first) / plan.block_k * plan.block_k;
+  // holds the first key row i of query head hq of batch nb sees.
+  int64_t first_tile(int64_t nb, int64_t hq, int64_t i, int64_t sp) const {
+    int64_t lo = 0, hi = 0;
+    HeadCtx<Acc>(p, nb, hq).row_range(i, lo, hi);
+    const int64_t k_first = sp * plan.split_k;
+    return k_first + std::max<int64_t>(0, lo - k_first) / plan.block_k * plan.block_k;
   }
   // Stacked row r of K/V head x (padding rows as the last real one): its
   // query head's context and its row.
