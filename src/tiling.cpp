@@ -181,18 +181,22 @@ namespace {
 // workspace while a thread's take at most kDqSumsInWorkspaceMiB, where
 // they stay in L2; dq's own rows, a head's rows strided among the others'
 // in [batch, seq, heads, dim], cost more (tuning table: dq sums). f32 and
-// f64 storage have gradients of their own dtype; bf16 storage may have f32
-// ones, which then take the split form's workspace, so that
-// backward_workspace_bytes, which sees no dq, reports what a call takes.
-// FLASHGRAD_DQ_SUMS_WORKSPACE_MIB sets that size (0: out of the workspace
-// at every size, but for f16's).
+// f64 storage have gradients of their own dtype, which hold the sums of a
+// GQA group (a thread's sums are then its whole group's rows): in the
+// workspace those put a call's peak memory above torch's flash SDPA's.
+// bf16 storage may have f32 gradients, which then take the split form's
+// workspace, so that backward_workspace_bytes, which sees no dq, reports
+// what a call takes. FLASHGRAD_DQ_SUMS_WORKSPACE_MIB sets that size (0:
+// out of the workspace at every size, but for f16's).
 constexpr int64_t kDqSumsInWorkspaceMiB = 2;
 
 DqSums dq_sums(const AttnParams& p, int64_t sums_bytes) {
   const char* env = std::getenv("FLASHGRAD_DQ_SUMS_WORKSPACE_MIB");
   const int64_t mib = env && *env ? std::strtoll(env, nullptr, 10) : kDqSumsInWorkspaceMiB;
+  const bool own_dtype = p.dtype == DType::f32 || p.dtype == DType::f64;
+  if (own_dtype && p.heads_q > p.heads_kv) return DqSums::in_dq;
   if (mib > 0 && sums_bytes <= (std::min<int64_t>(mib, int64_t{1} << 40) << 20)) return DqSums::workspace;
-  if (p.dtype == DType::f32 || p.dtype == DType::f64) return DqSums::in_dq;
+  if (own_dtype) return DqSums::in_dq;
   if (p.dtype == DType::bf16) return p.grad_dtype == DType::f32 ? DqSums::in_dq : DqSums::split_dq;
   return DqSums::workspace;
 }
@@ -312,9 +316,9 @@ TilePlan plan_backward(const AttnParams& p, PairEngine engine) {
     else if (p.dtype == DType::bf16) g.dq_acc = c.take(ceil_div(dq_elems * 2, t.acc_bytes));
     if (t.dq_sums != DqSums::workspace) g.dq_stage = c.take(bq * t.dqk_pad);
   }
-  // Held q and dO pairs pay from 4 key blocks on (tuning table:
-  // kHeldQueryBytes).
-  if (t.fused && pairs && ceil_div(key_blocks(p, t), t.key_chunks) >= 4) {
+  // Held q and dO pairs pay from 4 key blocks on, where each query block
+  // meets one key block at a time (tuning table: kHeldQueryBytes).
+  if (t.fused && pairs && t.key_group == 1 && ceil_div(key_blocks(p, t), t.key_chunks) >= 4) {
     const int64_t bq_pairs = round_up(bq, kPad), mh = round_up(ceil_div(bq, 2), 16);
     g.held_slot = bq_pairs * (t.dqk_pad + t.dv_pad) / 2 + mh * (t.dqk_pad + t.dv_pad);
     const int64_t blocks = sat_mul(p.heads_q / std::max<int64_t>(p.heads_kv, 1), ceil_div(p.seqlen_q, bq));

@@ -141,14 +141,15 @@ TEST(Determinism, DqSumsInEveryForm) {
 // On bf16 pair products the forward keeps K/V tiles per thread across a
 // head's query blocks (PairTileCache) where each thread takes at least two
 // blocks, and the single-pass backward keeps q and dO blocks across its key
-// blocks (BackwardScratch::held_q) from 4 key blocks on. One and two threads
-// hold them in these cases, three do not (fewer query blocks per thread; 8
-// tasks on 3 threads take the two-pass backward), and the bits must not
-// tell. The batches switch the held tiles' owner; the wide case has more
-// key tiles (46 of 64 keys) than the forward's slots (39 at d = 512, dv =
-// 320), the tall one more query blocks (20 of 16 rows) than the backward's
-// (19); the last splits its keys, so that a forward task holds both K/V
-// heads' tiles.
+// blocks (BackwardScratch::held_q) from 4 key blocks on where it meets
+// them one at a time (under a window). One and two threads hold them in
+// these cases, three do not (fewer query blocks per thread; 8 tasks on 3
+// threads take the two-pass backward), and the bits must not tell. The
+// batches switch the held tiles' owner; the wide case has more key tiles
+// (46 of 64 keys) than the forward's slots (39 at d = 512, dv = 320), the
+// tall one under a window more query blocks (20 of 16 rows) than the
+// backward's (19); the last splits its keys, so that a forward task holds
+// both K/V heads' tiles.
 TEST(Determinism, PairsHeldAcrossBlocks) {
   if (const char* isa = forced_isa_missing()) GTEST_SKIP() << "this CPU lacks " << isa;
   if (kernels().isa != Isa::avx512bf16 && kernels().isa != Isa::amx)
@@ -172,6 +173,9 @@ TEST(Determinism, PairsHeldAcrossBlocks) {
   };
   expect_deterministic(bf16_case(1, 32, 2900, 2, 1, 512, 320));  // wide
   expect_deterministic(bf16_case(8, 160, 256, 2, 1, 512, 320));  // tall
+  Case tall_window = bf16_case(8, 160, 256, 2, 1, 512, 320);
+  tall_window.window_left = 100;  // key blocks one at a time: the backward holds q and dO
+  expect_deterministic(tall_window);
   expect_deterministic(bf16_case(1, 16, 2500, 64, 2, 32, 32));   // split keys
 }
 

@@ -147,16 +147,19 @@ TEST(Plan, SinglePassGroupsItsKeyBlocks) {
 TEST(Plan, SinglePassSaysWhereItKeepsItsDqSums) {
   flashgrad::Options o;
   o.num_threads = 2;
-  // 4 query heads per K/V head: 4 MiB of f32 sums per thread, past the
-  // 2 MiB kept in the workspace; 1 MiB with 8 K/V heads.
-  const std::tuple<flashgrad::DType, int64_t, const char*> expect[] = {{flashgrad::DType::f32, 2, "dq"},
-                                                                       {bf16, 2, "split dq"},
-                                                                       {flashgrad::DType::f16, 2, "workspace"},
-                                                                       {bf16, 8, "workspace"}};
-  for (const auto& [dtype, heads_kv, where] : expect) {
+  // (dtype, K/V heads, seqlen, where). 4 query heads per K/V head at 2048:
+  // 4 MiB of f32 sums per thread, past the 2 MiB kept in the workspace; 1
+  // MiB with 8 K/V heads. f32 dq holds a GQA group's sums at any size.
+  using flashgrad::DType;
+  const std::tuple<DType, int64_t, int64_t, const char*> expect[] = {
+      {DType::f32, 2, 2048, "dq"}, {bf16, 2, 2048, "split dq"},  {DType::f16, 2, 2048, "workspace"},
+      {bf16, 8, 2048, "workspace"}, {DType::f32, 8, 2048, "workspace"}, {DType::f32, 2, 256, "dq"},
+      {bf16, 2, 256, "workspace"}};
+  for (const auto& [dtype, heads_kv, seqlen, where] : expect) {
     Shape s;
     s.dtype = dtype;
     s.heads_kv = heads_kv;
+    s.seqlen_q = s.seqlen_k = seqlen;
     const Views v = views(s);
     const flashgrad::Plan plan = flashgrad::explain_backward(o, v.q, v.k, v.v);
     ASSERT_EQ(plan.backward_path, flashgrad::BackwardPath::single_pass) << plan.describe();
