@@ -141,9 +141,11 @@ void key_step(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ctx
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad;
   Acc *s = kb.s, *dp = kb.dp, *tmp = kb.tmp;
   const KeySpan ks = seen_keys(qb, kb.j0, kb.nj, kind);
-  tile_grad(p, plan, ctx, qb, bwd, kb.step(), ks, nullptr);
+  StepTiles<Acc> step = kb.step();
+  step.dq = dq_rows != nullptr;
+  tile_grad(p, plan, ctx, qb, bwd, step, ks, nullptr);
   if constexpr (Bwd::kPairs) {
-    bwd.dk_dv(plan, qb, ks.a, round_up(ks.w, kPad), s, dp, kb.dk, kb.dv);
+    bwd.dk_dv(plan, qb, ks.a, round_up(ks.w, kPad), kb.dk, kb.dv);
   } else {
     gemm_nn_acc(ks.w, ldv, qb.mq, s, 1, plan.bk_ld, qb.dout, ldv, kb.dv + ks.a * ldv, ldv, nullptr, tmp);
     gemm_nn_acc(ks.w, ldq, qb.mq, dp, 1, plan.bk_ld, qb.q, ldq, kb.dk + ks.a * ldq, ldq, nullptr, tmp);
@@ -273,7 +275,7 @@ void backward_dq(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t h
       load_tile_t<T>(p.v, b, k0 + j0, ctx.hk, nj, p.head_dim_v, lds, ld, vt, tmp);
     }
     const KeySpan ks = seen_keys(qb, j0, nj, kind);
-    tile_grad(p, plan, ctx, qb, bwd, StepTiles<Acc>{kt, vt, s, dp, t}, ks, dbias_rows);
+    tile_grad(p, plan, ctx, qb, bwd, StepTiles<Acc>{kt, vt, s, dp, t, false, true}, ks, dbias_rows);
     if constexpr (Bwd::kPairs)
       bwd.dq(plan, qb, ks.a, round_up(ks.w, kPad), dp, k, dq, ldq);
     else

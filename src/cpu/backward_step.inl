@@ -57,11 +57,14 @@ KeySpan seen_keys(const QueryBlock<Acc>& qb, int64_t j0, int64_t nj, TileKind ki
 }
 
 // A step's tiles: K^T [d, bk_pad] and V^T [dv, bk_pad] in, s = dropout(P),
-// dp = dS and t (scratch) [mq, bk_pad] out, all with row stride bk_ld.
+// dp = dS and t (scratch) [mq, bk_pad] out, all with row stride bk_ld. On
+// pair products the step also lays out the pairs that the dK/dV and the dQ
+// products read, for those that follow it.
 template <typename Acc>
 struct StepTiles {
   const Acc *kt, *vt;
   Acc *s, *dp, *t;
+  bool dk_dv = true, dq = true;
 };
 
 // The backward's tile products. F32Backward: f32 tiles, S scaled as the
@@ -220,32 +223,42 @@ struct PairBackward {
     const int64_t dvp = plan.dv_pad / 2;
     Products::template gemm<false>(qb.mq, lds, dvp, dop, dvp, words(vt) + a, plan.bk_ld, dp, plan.bk_ld);
   }
-  // dv^T += dO^T P and dk^T += Q^T dS over the keys at columns a..a + lds
-  // of the accumulators ([dv_pad or dqk_pad, bk_pad]); P in s and dS in ds.
-  void dk_dv(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, const float* s,
-             const float* ds, float* dkt, float* dvt) const {
+  // Query rows 2x and 2x + 1 of P (s) and dS (ds), both complete, while
+  // they are in L1: as pairs of query rows for the dK/dV products, and dS's
+  // rows rounded to bf16 pairs in place for the dQ product (tiles' flags).
+  void pair_rows(const TilePlan& plan, const QueryBlock<float>& qb, int64_t x, int64_t lds,
+                 const StepTiles<float>& tiles) const {
     const int64_t ld = plan.bk_ld;
-    for (int64_t x = 0; x < mh; ++x) {
-      if (2 * x >= qb.mq) {
-        std::memset(pp + x * ld, 0, static_cast<size_t>(lds) * 4);
-        std::memset(dsp + x * ld, 0, static_cast<size_t>(lds) * 4);
-        continue;
-      }
-      const bool two = 2 * x + 1 < qb.mq;
-      interleave_f32_rows(s + 2 * x * ld, two ? s + (2 * x + 1) * ld : nullptr, lds, pp + x * ld);
-      interleave_f32_rows(ds + 2 * x * ld, two ? ds + (2 * x + 1) * ld : nullptr, lds, dsp + x * ld);
+    const bool two = 2 * x + 1 < qb.mq;
+    const float* s0 = tiles.s + 2 * x * ld;
+    float* d0 = tiles.dp + 2 * x * ld;
+    if (tiles.dk_dv) {
+      interleave_f32_rows(s0, two ? s0 + ld : nullptr, lds, pp + x * ld);
+      interleave_f32_rows(d0, two ? d0 + ld : nullptr, lds, dsp + x * ld);
+    }
+    if (!tiles.dq) return;
+    round_bf16_pairs(d0, lds);
+    if (two) round_bf16_pairs(d0 + ld, lds);
+  }
+  // dv^T += dO^T P and dk^T += Q^T dS over the keys at columns a..a + lds
+  // of the accumulators ([dv_pad or dqk_pad, bk_pad]); P and dS as pair_rows
+  // laid them out, the pair rows past the block's zeroed here.
+  void dk_dv(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, float* dkt,
+             float* dvt) const {
+    const int64_t ld = plan.bk_ld;
+    for (int64_t x = (qb.mq + 1) / 2; x < mh; ++x) {
+      std::memset(pp + x * ld, 0, static_cast<size_t>(lds) * 4);
+      std::memset(dsp + x * ld, 0, static_cast<size_t>(lds) * 4);
     }
     Products::template gemm<true>(plan.dv_pad, lds, mh, dotp, mh, pp, ld, dvt + a, plan.bk_pad);
     Products::template gemm<true>(plan.dqk_pad, lds, mh, qtp, mh, dsp, ld, dkt + a, plan.bk_pad);
   }
   // dq [mq, dqk_pad] (row stride ldq) += dS K over the keys at a..a + lds;
-  // ds's rows become bf16 pairs in place.
-  void dq(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, float* ds,
+  // ds's rows as bf16 pairs (pair_rows).
+  void dq(const TilePlan& plan, const QueryBlock<float>& qb, int64_t a, int64_t lds, const float* ds,
           const float* k_rows, float* dq, int64_t ldq) const {
-    const int64_t ld = plan.bk_ld;
-    for (int64_t r = 0; r < qb.mq; ++r) round_bf16_pairs(ds + r * ld, lds);
-    Products::template gemm<true>(qb.mq, plan.dqk_pad, lds / 2, words(ds), ld, words(k_rows) + a / 2 * plan.dqk_pad,
-                                  plan.dqk_pad, dq, ldq);
+    Products::template gemm<true>(qb.mq, plan.dqk_pad, lds / 2, words(ds), plan.bk_ld,
+                                  words(k_rows) + a / 2 * plan.dqk_pad, plan.dqk_pad, dq, ldq);
   }
 };
 #endif
@@ -292,6 +305,8 @@ void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ct
     }
     if (capped)  // d(c tanh(x / c)) / dx = 1 - tanh^2
       for (int64_t jj = 0; jj < nj; ++jj) dprow[jj] *= Acc(1) - trow[jj] * trow[jj];
+    if constexpr (Bwd::kPairs)
+      if (r % 2 == 1 || r + 1 == qb.mq) bwd.pair_rows(plan, qb, r / 2, lds, tiles);
   }
 }
 
