@@ -266,8 +266,8 @@ def configs(a) -> list:
             for causal in (False, True):
                 for hk in sorted({a.heads, a.gqa_heads_kv}, reverse=True):
                     for length in (int(x) for x in a.lengths.split(",")):
-                        if hk != a.heads and (dim != 128 or dtype == "f16"):
-                            continue  # GQA: one row per dtype at d = 128
+                        if hk != a.heads and (dtype == "f16" or (dim != 128 and not a.memory)):
+                            continue  # GQA: one row per dtype at d = 128 (every d with --memory)
                         if length > min(a.max_length.get(dtype, 1 << 62), a.max_length.get(f"d{dim}", 1 << 62)):
                             continue
                         out.append({"dtype": dtype, "dim": dim, "causal": causal, "seqlen": length, "batch": 1,
@@ -280,6 +280,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="L 512 and 2048, d 128 only")
+    ap.add_argument("--memory", action="store_true",
+                    help="only each configuration's peak memory, GQA at every d; prints one line each")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--dtypes", default="f32,bf16,f16")
     ap.add_argument("--dims", default="64,128")
@@ -304,6 +306,8 @@ def main():
     if a.quick:
         a.lengths, a.dims = "512,2048", "128"
     a.max_length = {k: int(v) for k, v in (item.split("=") for item in a.max_lengths.split(",") if item)}
+    if a.memory:
+        return memory_only(a)
     os.makedirs(a.out, exist_ok=True)
     import torch
     import flashgrad
@@ -324,6 +328,17 @@ def main():
     from torch_peer_report import write_report
 
     write_report(meta, rows, a.out)
+    return 0
+
+
+def memory_only(a) -> int:
+    for cfg in configs(a):
+        mib = {}
+        for impl in ("flashgrad", "torch"):
+            res = run_child("memory", dict(cfg, impl=impl))
+            mib[impl] = res["peak_bytes"] / 2**20 if "peak_bytes" in res else float("nan")
+        print(f"{cfg['dtype']:>4} d={cfg['dim']:<3} {'causal' if cfg['causal'] else 'full  '} L={cfg['seqlen']:<5} "
+              f"kv={cfg['heads_kv']}  peak MiB flashgrad {mib['flashgrad']:7.2f} / torch {mib['torch']:7.2f}", flush=True)
     return 0
 
 
