@@ -4,7 +4,7 @@ and "eager" side by side, in one run.
 
     <venv>/bin/python bench/train_e2e.py [--contexts 1024,2048,4096,8192,16384] [--steps 6]
                                          [--models llama,mistral_window] [--impls FlashGrad,sdpa,eager]
-                                         [--dtype f32|bf16] [--out DIR]
+                                         [--dtype f32|bf16] [--rounds R] [--out DIR]
 
 Models are built from configs written here and randomly initialised (no downloads): a
 Llama-style model (6 layers, d_model 512, 8 query heads over 2 K/V heads, head dim 64) and the
@@ -165,8 +165,7 @@ def report(rows, meta, out_dir):
              "over sdpa with attention free | peak MiB | first / last loss |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        sdpa = next((x for x in rows if x["model"] == r["model"] and x["context"] == r["context"]
-                     and x["impl"] == "sdpa" and "error" not in x["result"]), None)
+        sdpa = _sdpa_of(rows, r)
         res = r["result"]
         if "error" in res:
             lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['error']} | | | |")
@@ -177,9 +176,38 @@ def report(rows, meta, out_dir):
         lines.append(f"| {r['model']} | {r['context']} | {r['impl']} | {res['tokens_per_s']:.0f} | {rel} "
                      f"| {res['attention_s'] / res['step_s']:.2f} | {free} "
                      f"| {res['peak_bytes'] / 2**20:.0f} | {res['losses'][0]:.3f} / {res['losses'][-1]:.3f} |")
+    lines += _round_medians(rows)
     with open(os.path.join(out_dir, "train_e2e.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    _plot(rows, meta, os.path.join(out_dir, "train_e2e.png"))
+    _plot([r for r in rows if r.get("round", 0) == 0], meta, os.path.join(out_dir, "train_e2e.png"))
+
+
+def _sdpa_of(rows, r):
+    """The sdpa row of r's model, context and round, if it ran."""
+    return next((x for x in rows if x["model"] == r["model"] and x["context"] == r["context"]
+                 and x.get("round", 0) == r.get("round", 0) and x["impl"] == "sdpa"
+                 and "error" not in x["result"]), None)
+
+
+def _round_medians(rows) -> list:
+    """With several rounds, each implementation's tokens/s over sdpa's, round by round, and their median."""
+    if max(r.get("round", 0) for r in rows) == 0:
+        return []
+    out, seen = ["", "Over sdpa, round by round, and the median:", ""], set()
+    for r in rows:
+        key = (r["model"], r["context"], r["impl"])
+        if r["impl"] == "sdpa" or key in seen:
+            continue
+        seen.add(key)
+        ratios = []
+        for x in rows:
+            sdpa = _sdpa_of(rows, x)
+            if (x["model"], x["context"], x["impl"]) == key and "error" not in x["result"] and sdpa:
+                ratios.append(x["result"]["tokens_per_s"] / sdpa["result"]["tokens_per_s"])
+        if ratios:
+            out.append(f"- {key[0]} {key[1]} {key[2]}: " + ", ".join(f"{v:.2f}x" for v in ratios)
+                       + f"; median {statistics.median(ratios):.2f}x")
+    return out
 
 
 def _plot(rows, meta, path):
@@ -224,6 +252,9 @@ def main():
     ap.add_argument("--impls", default=",".join(IMPLS), help="attn_implementation values to run")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of every implementation per model and context, the order reversed each round; "
+                         "the report gives the median of each round's ratio over sdpa")
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "train_e2e"))
     a = ap.parse_args()
     if a.child:
@@ -237,14 +268,16 @@ def main():
             "transformers": transformers.__version__,
             "command": " ".join(sys.argv)}
     rows = []
+    impls = a.impls.split(",")
+    for impl in impls:
+        if impl not in IMPLS:
+            ap.error(f"argument --impls: expected a list of {', '.join(IMPLS)}, got {impl!r}")
     for model in a.models.split(","):
         for context in (int(x) for x in a.contexts.split(",")):
-            for impl in a.impls.split(","):
-                if impl not in IMPLS:
-                    ap.error(f"argument --impls: expected a list of {', '.join(IMPLS)}, got {impl!r}")
+            for rnd, impl in ((r, i) for r in range(a.rounds) for i in (impls if r % 2 == 0 else impls[::-1])):
                 cfg = {"model": model, "context": context, "impl": impl, "steps": a.steps, "threads": a.threads,
                        "dtype": a.dtype}
-                row = dict(cfg, result=run(cfg))
+                row = dict(cfg, round=rnd, result=run(cfg))
                 rows.append(row)
                 res = row["result"]
                 print(f"{model:>15} L={context:<6} {impl:>9}: " + (res["error"] if "error" in res else
