@@ -336,9 +336,9 @@ def memory_only(a) -> int:
         mib = {}
         for impl in ("flashgrad", "torch"):
             res = run_child("memory", dict(cfg, impl=impl))
-            mib[impl] = res["peak_bytes"] / 2**20 if "peak_bytes" in res else float("nan")
+            mib[impl] = f"{res['peak_bytes'] / 2**20:7.2f}" if "peak_bytes" in res else res.get("error", "failed")
         print(f"{cfg['dtype']:>4} d={cfg['dim']:<3} {'causal' if cfg['causal'] else 'full  '} L={cfg['seqlen']:<5} "
-              f"kv={cfg['heads_kv']}  peak MiB flashgrad {mib['flashgrad']:7.2f} / torch {mib['torch']:7.2f}", flush=True)
+              f"kv={cfg['heads_kv']}  peak MiB flashgrad {mib['flashgrad']} / torch {mib['torch']}", flush=True)
     return 0
 
 
