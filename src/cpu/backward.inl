@@ -105,20 +105,23 @@ void load_key_block(const AttnParams& p, const TilePlan& plan, const KeyBlock<Ac
 template <typename T, typename Acc, typename Bwd>
 void store_key_block(const AttnParams& p, const TilePlan& plan, const KeyBlock<Acc>& kb) {
   const int64_t ldq = plan.dqk_pad, ldv = plan.dv_pad, b = kb.b, hk = kb.hk, k0 = kb.k0;
-  Acc *dk = kb.dk, *dv = kb.dv, *tmp = kb.tmp;
-  if constexpr (Bwd::kPairs) {  // back to rows
-    transpose(ldq, plan.bk_pad, dk, plan.bk_pad, tmp, ldq);
-    std::memcpy(dk, tmp, static_cast<size_t>(kb.nj * ldq) * sizeof(Acc));
-    transpose(ldv, plan.bk_pad, dv, plan.bk_pad, tmp, ldv);
-    std::memcpy(dv, tmp, static_cast<size_t>(kb.nj * ldv) * sizeof(Acc));
-  }
-  const Acc dk_mul = static_cast<Acc>(p.scale);  // dK = scale dS^T Q
-  for (int64_t r = 0; r < kb.nj; ++r) {
+  // Pair products' accumulators go back to rows in tmp, one at a time.
+  const auto rows = [&](Acc* acc, int64_t ld) -> const Acc* {
+    if constexpr (Bwd::kPairs) {
+      transpose(ld, plan.bk_pad, acc, plan.bk_pad, kb.tmp, ld);
+      return kb.tmp;
+    } else {
+      return acc;
+    }
+  };
+  const Acc* dk = rows(kb.dk, ldq);
+  for (int64_t r = 0; r < kb.nj; ++r)  // dK = scale dS^T Q
     store_result<T>(p.grad_dtype, dk + r * ldq, p.head_dim, p.dk.data, row_offset(p.dk, b, k0 + r, hk),
-                    p.dk.dim_stride, dk_mul);
+                    p.dk.dim_stride, static_cast<Acc>(p.scale));
+  const Acc* dv = rows(kb.dv, ldv);
+  for (int64_t r = 0; r < kb.nj; ++r)
     store_result<T>(p.grad_dtype, dv + r * ldv, p.head_dim_v, p.dv.data, row_offset(p.dv, b, k0 + r, hk),
                     p.dv.dim_stride, dropout_scale<Acc>(p));
-  }
 }
 
 // Key block kblk of (b, hk) in workspace slot x of TilePlan::key_group.
