@@ -54,6 +54,12 @@ void prefetch_rows(const Operand& o, int64_t b, int64_t seq0, int64_t h, int64_t
 // tuning table: kRowsAhead).
 constexpr int64_t kRowsAhead = 16;
 
+// How many rows ahead the row paths' softmax asks L2 for a row's bias and
+// mask strip. Rows of an [L, L] bias lie a power of two apart at the usual
+// lengths, so a whole tile's strips fall into a few L2 sets, more lines
+// than those sets hold (tuning table: bias and mask prefetch).
+constexpr int64_t kInputRowsAhead = 16;
+
 // Loads the same rows transposed: dst[c * ld + r] for c < round_up(dim, kPad),
 // r < w (<= ld), zero where r >= n or c >= dim. Contiguous rows needing no padding
 // are converted and transposed in register blocks straight from their place;

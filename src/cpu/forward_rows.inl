@@ -29,8 +29,8 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
   };
   if (re < 0) re = mq;
   FG_DASSERT(rb % kLanes == 0 && re <= mq);
-  // Each row's bias and mask for the next tile of its head.
-  const bool inputs_ahead = (p.bias.data || p.mask.data) && at.next.n && at.next.hk == t.hk0 + x;
+  const bool inputs = p.bias.data || p.mask.data;
+  const bool next_inputs = inputs && at.next.n && at.next.hk == t.hk0 + x;
   for (int64_t r0 = rb; r0 < re; r0 += kLanes) {
     const int64_t r1 = std::min(re, r0 + kLanes);
     for (int64_t r = r0; r < r1; ++r) {
@@ -67,7 +67,11 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
         for (int64_t jj = wr; jj < lds; ++jj) srow[jj] = Acc(0);
         c.dropout_row(i, j0, nj, keep, srow);
       }
-      if (inputs_ahead) c.prefetch_inputs(i, 1, at.next.seq0 - t.k0, at.next.n);
+      if (inputs) {  // the strip kInputRowsAhead rows on, into the next tile's first rows
+        const int64_t ra = r + kInputRowsAhead;
+        if (ra < mq) t.head_of(x, ra).prefetch_row_inputs(t.row_of(ra), j0, nj);
+        else if (next_inputs) t.head_of(x, ra - mq).prefetch_row_inputs(t.row_of(ra - mq), at.next.seq0 - t.k0, at.next.n);
+      }
       const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq, nb = next.b >= 0 ? next.b : b;
       const bool l1 = next.b >= 0;
       prefetch_rows<T>(p.k, nb, next.seq0 + f0, next.hk, f1 - f0, d, l1);
@@ -103,10 +107,11 @@ void row_tile(ForwardTask<T, Acc, Tiles>& t, const TileAt& at) {
   const auto load = [&](Acc* kt_dst, Acc* v_dst) {
     tiles.load_kv(p, plan, t.b, k0 + j0, hk, nj, kt_dst, v_dst, t.stage);
   };
-  // This tile's bias and mask strips once more before its products: those
-  // asked for along the tile before were often gone from L2 by now.
+  // The first rows' bias and mask strips before the products; the softmax
+  // asks for the others kInputRowsAhead rows before it reads them.
   if (p.bias.data || p.mask.data)
-    for (int64_t r = 0; r < mq; ++r) t.head_of(x, r).prefetch_inputs(t.row_of(r), 1, j0, nj);
+    for (int64_t r = 0; r < std::min(mq, kInputRowsAhead); ++r)
+      t.head_of(x, r).prefetch_inputs(t.row_of(r), 1, j0, nj);
   if (Acc* held = cache.get(x, (j0 - k_lo) / plan.block_k, kt_elems, load))
     ktx = held, vx = held + kt_elems;
   else
