@@ -85,13 +85,18 @@ struct ScoreCols {
     (void)pt, (void)nj, (void)cols, (void)ld, (void)key0;
 #endif
   }
-  // Asks L2 for the columns' bias and mask at keys [key0, key0 + nj), the
-  // next tile's, as the row paths do (HeadCtx::prefetch_inputs).
+  // Asks L2 for the next tile's mask at keys [key0, key0 + nj) and its
+  // first kInputRowsAhead columns' bias; add_bias asks for the others'
+  // while it runs, as the row paths do (kInputRowsAhead).
   void prefetch(int64_t key0, int64_t nj) const {
-    const int64_t es = dtype_size(bias_dtype);
-    for (int64_t c = 0; brow && bias_cs == 1 && c < rows; ++c) prefetch_l2_bytes(brow[c] + key0 * es, nj * es);
+    prefetch_bias(key0, nj, 0, kInputRowsAhead);
     for (int64_t c = 0; mrow && mask_cs == 1 && c < rows; ++c)
       prefetch_l2_bytes(reinterpret_cast<const char*>(mrow[c]) + key0, nj);
+  }
+  void prefetch_bias(int64_t key0, int64_t nj, int64_t c0, int64_t c1) const {
+    const int64_t es = dtype_size(bias_dtype);
+    for (int64_t c = c0; brow && bias_cs == 1 && c < std::min(c1, rows); ++c)
+      prefetch_l2_bytes(brow[c] + key0 * es, nj * es);
   }
   // st [nj, cols] (row stride ld) holds keys key0.. in its rows.
   void apply(Acc* st, int64_t nj, int64_t cols, int64_t ld, int64_t key0) const {
@@ -177,6 +182,7 @@ struct ScoreCols {
       const int64_t nb = nj / kTransposeBlock * kTransposeBlock;
       alignas(64) float tmp[kBiasPanel * kBiasKeys];
       for (; bias_cs == 1 && nb > 0 && c + kBiasPanel <= n; c += kBiasPanel) {
+        prefetch_bias(key0, nj, c + kInputRowsAhead, std::min(n, c + kInputRowsAhead + kBiasPanel));
         const std::ptrdiff_t step = brow[c + 1] - brow[c];
         bool even = step % static_cast<std::ptrdiff_t>(sizeof(B)) == 0;
         for (int64_t x = 2; x < kBiasPanel; ++x) even = even && brow[c + x] - brow[c + x - 1] == step;
