@@ -187,7 +187,6 @@ void backward_keys(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
   }
   if (m == 0) return;
   first = first / plan.block_q * plan.block_q;
-  const int64_t j0 = kbs[0].j0, nj = kbs[m - 1].j0 + kbs[m - 1].nj - j0;
   // The single pass keeps the group's query blocks as pairs (held_q) up to its slots.
   const auto slot_of = [&](int64_t hq, int64_t iq) {
     const int64_t x = (hq - hk * group) * ceil_div(p.seqlen_q, plan.block_q) + iq / plan.block_q;
@@ -224,11 +223,6 @@ void backward_keys(const AttnParams& p, const TilePlan& plan, int64_t b, int64_t
         const int64_t mn = std::min(plan.block_q, p.len_q(b) - in), qn = p.q_start(b) + in;
         prefetch_rows<T>(p.q, b, qn, hn, mn, p.head_dim);
         prefetch_rows<T>(p.dout, b, qn, hn, mn, p.head_dim_v);
-      }
-      if ((p.bias.data || p.mask.data) && hn < (hk + 1) * group) {
-        const int64_t mn = std::min(plan.block_q, p.len_q(b) - in);
-        if (hn == h) ctx.prefetch_inputs(in, mn, j0, nj);
-        else HeadCtx<Acc>(p, b, hn).prefetch_inputs(in, mn, j0, nj);
       }
       const int64_t g = h - hk * group;
       int64_t ld = 0;

@@ -276,6 +276,11 @@ void tile_grad(const AttnParams& p, const TilePlan& plan, const HeadCtx<Acc>& ct
   Acc *s = tiles.s, *dp = tiles.dp, *t = tiles.t;
   const Acc *kt = tiles.kt, *vt = tiles.vt;
   const int64_t lds = round_up(nj, kPad), ld = plan.bk_ld;
+  // The step's bias and mask strips arrive during its two products. Asked
+  // for a query block ahead, over a whole key group, they overfilled the
+  // L2 sets that rows a power of two apart fall in (tuning table: bias and
+  // mask prefetch).
+  if (p.bias.data || p.mask.data) ctx.prefetch_inputs(qb.i0, qb.mq, j0, nj);
   bwd.qk(p, plan, qb, kt, a, lds, s);
   bwd.dov(p, plan, qb, vt, a, lds, dp);
   const bool capped = ctx.softcap > 0;
