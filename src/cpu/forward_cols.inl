@@ -93,6 +93,7 @@ struct ScoreCols {
     for (int64_t c = 0; mrow && mask_cs == 1 && c < rows; ++c)
       prefetch_l2_bytes(reinterpret_cast<const char*>(mrow[c]) + key0, nj);
   }
+  // Columns [c0, c1)'s bias at keys [key0, key0 + nj) into L2.
   void prefetch_bias(int64_t key0, int64_t nj, int64_t c0, int64_t c1) const {
     const int64_t es = dtype_size(bias_dtype);
     for (int64_t c = c0; brow && bias_cs == 1 && c < std::min(c1, rows); ++c)

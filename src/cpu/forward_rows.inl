@@ -68,9 +68,9 @@ void softmax_rows(ForwardTask<T, Acc, Tiles>& t, const TileAt& at, Acc* sx, cons
         c.dropout_row(i, j0, nj, keep, srow);
       }
       if (inputs) {  // the strip kInputRowsAhead rows on, into the next tile's first rows
-        const int64_t ra = r + kInputRowsAhead;
+        const int64_t ra = r + kInputRowsAhead, rn = ra - mq;
         if (ra < mq) t.head_of(x, ra).prefetch_row_inputs(t.row_of(ra), j0, nj);
-        else if (next_inputs) t.head_of(x, ra - mq).prefetch_row_inputs(t.row_of(ra - mq), at.next.seq0 - t.k0, at.next.n);
+        else if (next_inputs) t.head_of(x, rn).prefetch_row_inputs(t.row_of(rn), at.next.seq0 - t.k0, at.next.n);
       }
       const int64_t f0 = r * next.n / mq, f1 = (r + 1) * next.n / mq, nb = next.b >= 0 ? next.b : b;
       const bool l1 = next.b >= 0;

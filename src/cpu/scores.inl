@@ -107,15 +107,13 @@ struct HeadCtx {
   }
 
   // Row i's bias strip into L2 and its mask strip into L1, a few rows
-  // before the softmax reads them. Bias rows 4 bytes a score lie a power of
-  // two apart and fall into the same L1 sets; a mask's strips are a
+  // before the softmax reads them. An f32 bias's rows lie a power of two
+  // apart and fill the few L1 sets they fall in; a mask's strips are a
   // quarter the size (tuning table: bias and mask prefetch).
   void prefetch_row_inputs(int64_t i, int64_t j0, int64_t nj) const {
     if (bias && bias_cs == 1 && bias_rs != 0) prefetch_l2_bytes(bias + (i * bias_rs + j0) * bias_es, nj * bias_es);
-    if (mask && mask_cs == 1 && mask_rs != 0) {
-      const uintptr_t a0 = reinterpret_cast<uintptr_t>(mask + i * mask_rs + j0), end = a0 + nj;
-      for (uintptr_t a = a0 / 64 * 64; a < end; a += 64) prefetch_l1(reinterpret_cast<const char*>(a));
-    }
+    if (mask && mask_cs == 1 && mask_rs != 0)
+      prefetch_l1_bytes(reinterpret_cast<const char*>(mask + i * mask_rs + j0), nj);
   }
 
   template <typename B>

@@ -110,6 +110,13 @@ inline void prefetch_l2_bytes(const char* p, int64_t bytes) {
     prefetch_l2(reinterpret_cast<const char*>(a));
 }
 
+// Asks L1 for every cache line of [p, p + bytes).
+inline void prefetch_l1_bytes(const char* p, int64_t bytes) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p + bytes);
+  for (uintptr_t a = reinterpret_cast<uintptr_t>(p) / 64 * 64; a < end; a += 64)
+    prefetch_l1(reinterpret_cast<const char*>(a));
+}
+
 // Asks for one cache line to write (prefetchw: a no-op on x86 CPUs that
 // lack it, which predate Broadwell).
 inline void prefetch_w(const char* p) {
